@@ -3,6 +3,8 @@
 Imports numpy and numba only (never JAX), so it runs in data-loader workers.
 """
 
+from ._agreement import Agreement as Agreement
+from ._agreement import LocalAgreement as LocalAgreement
 from ._errors import IdDroppingWarning as IdDroppingWarning
 from ._errors import LimitExceededError as LimitExceededError
 from ._limits import check_limits as check_limits
@@ -19,10 +21,12 @@ from ._types import Ragged as Ragged
 from ._types import StackBuffers as StackBuffers
 
 __all__ = [
+    "Agreement",
     "NUM_THREADS_ENV",
     "FeatureInput",
     "IdDroppingWarning",
     "LimitExceededError",
+    "LocalAgreement",
     "PreprocessStats",
     "PreprocessedBatch",
     "Ragged",

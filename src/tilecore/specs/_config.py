@@ -25,6 +25,10 @@ class SparseCoreConfig:
         `ceil(budget / N)`, replacing its TableSpec's.
       activation_mem_bytes_limit: auto-stacking starts a new stack when the stacked
         activations would exceed this many bytes per SparseCore.
+      enable_minibatching: when a partition's IDs exceed its limits, split the
+        batch into minibatches by a hash of the row (every occurrence of a row in
+        one minibatch) instead of raising or dropping. Changes the buffer layout
+        even when one minibatch suffices, as on the reference system.
     """
 
     disable_table_stacking: bool = False
@@ -33,9 +37,10 @@ class SparseCoreConfig:
     max_ids_per_table: Mapping[str, int] | None = None
     max_unique_ids_per_table: Mapping[str, int] | None = None
     activation_mem_bytes_limit: int = DEFAULT_ACTIVATION_MEM_BYTES_LIMIT
+    enable_minibatching: bool = False
 
     def __post_init__(self) -> None:
-        for flag in ("disable_table_stacking", "allow_id_dropping"):
+        for flag in ("disable_table_stacking", "allow_id_dropping", "enable_minibatching"):
             if not isinstance(getattr(self, flag), bool):
                 raise TypeError(
                     f"SparseCoreConfig: {flag} must be True or False, got {getattr(self, flag)!r}."
