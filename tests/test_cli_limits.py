@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import tilecore as tc
+from tilecore import data
 from tilecore.cli import main
 from tilecore.cli._common import calibrate
 from tilecore.cli._limits_scan import minibatches_needed, report, scan
@@ -87,10 +88,20 @@ def test_data_round_trip(tmp_path: Path) -> None:
     assert from_data["topologies"] == from_workload["topologies"]
 
 
+def test_parquet_data_matches_npz(tmp_path: Path) -> None:
+    pytest.importorskip("pyarrow")
+    batch = criteo(batch_size=64).batch(0)
+    npz = _run(tmp_path, "--workload", "criteo", "--data", str(_save_npz(tmp_path / "b.npz", batch)))
+    parquet = data.save_batch(tmp_path / "b.parquet", batch)
+    from_parquet = _run(tmp_path, "--workload", "criteo", "--data", str(parquet))
+    assert from_parquet["topologies"] == npz["topologies"]
+
+
 @pytest.mark.parametrize("case, message", [
-    ("missing_file", "cannot read it as an .npz archive"),
+    ("missing_file", "no such batch file"),
     ("not_npz", "cannot read it as an .npz archive"),
-    ("one_array", "holds one array"),
+    ("one_array", "unknown batch file type '.npy'"),
+    ("parquet_not_list", "must be a list of integer IDs per sample"),
     ("bad_name", "array names must be <feature>/values"),
     ("no_row_splits", "need both <feature>/values and <feature>/row_splits"),
     ("unknown_feature", "unknown ['zz']"),
@@ -101,11 +112,17 @@ def test_bad_data_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str], cas
                          message: str) -> None:
     batch = criteo(batch_size=64).batch(0)
     path = tmp_path / "batch.npz"
-    if case == "not_npz":
+    if case == "missing_file":
+        path = tmp_path / "absent.npz"
+    elif case == "not_npz":
         path.write_text("not an archive")
     elif case == "one_array":
         path = tmp_path / "batch.npy"
         np.save(path, np.arange(3))
+    elif case == "parquet_not_list":
+        pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+        path = tmp_path / "batch.parquet"
+        pq.write_table(pa.table({"f00": np.arange(64)}), path)
     elif case == "bad_name":
         _save_npz(path, batch, stray=np.arange(3))
     elif case == "no_row_splits":

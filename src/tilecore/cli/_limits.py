@@ -8,8 +8,6 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-import numpy as np
-
 import tilecore as tc
 from tilecore import data
 
@@ -40,46 +38,21 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--batch-size", type=int, default=None,
                    help="samples per batch (default: the workload's, or --data's rows)")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
-    p.add_argument("--data", type=Path, default=None, metavar="PATH.npz",
-                   help="scan this one batch instead: arrays <feature>/values and "
-                        "<feature>/row_splits (optional <feature>/weights)")
+    p.add_argument("--data", type=Path, default=None, metavar="PATH",
+                   help="scan this one batch instead: a .npz (arrays <feature>/values, "
+                        "<feature>/row_splits, optional <feature>/weights) or a .parquet file "
+                        "(a list<int> column per feature, optional <feature>/weights)")
     p.add_argument("--plot", type=Path, default=None, metavar="PATH.png",
                    help="write a PNG of per-partition load (max, mean) per stack")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the numbers")
     p.set_defaults(run=run)
 
 
-def load_npz(path: Path) -> dict[str, tc.Ragged]:
-    """One batch from `path`: `<feature>/values`, `<feature>/row_splits`[, `<feature>/weights`]."""
-    try:
-        archive = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as error:
-        raise ValueError(f"--data {path}: cannot read it as an .npz archive ({error}).") from None
-    if not isinstance(archive, np.lib.npyio.NpzFile):
-        raise ValueError(f"--data {path}: holds one array, not an .npz archive; save the batch "
-                         f"with np.savez(path, **{{'<feature>/values': ..., "
-                         f"'<feature>/row_splits': ...}}).")
-    with archive:
-        arrays = {key: archive[key] for key in archive}
-    parts: dict[str, dict[str, np.ndarray]] = {}
-    bad = [k for k in arrays if k.rpartition("/")[2] not in ("values", "row_splits", "weights")
-           or not k.rpartition("/")[0]]
-    if bad:
-        raise ValueError(f"--data {path}: array names must be <feature>/values, "
-                         f"<feature>/row_splits or <feature>/weights; got {sorted(bad)}.")
-    for key, value in arrays.items():
-        feature, _, part = key.rpartition("/")
-        parts.setdefault(feature, {})[part] = value
-    incomplete = sorted(f for f, p in parts.items() if not {"values", "row_splits"} <= p.keys())
-    if incomplete:
-        raise ValueError(f"--data {path}: features {incomplete} need both <feature>/values "
-                         f"and <feature>/row_splits.")
-    return {f: tc.Ragged(p["values"], p["row_splits"], p.get("weights"))
-            for f, p in parts.items()}
-
-
 def _data_batch(args: argparse.Namespace) -> tuple[data.Workload, list[dict[str, tc.Ragged]]]:
-    batch = load_npz(args.data)
+    try:
+        batch = data.load_batch(args.data)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"--data {error}") from None
     rows = {f: r.num_rows for f, r in batch.items()}
     size = args.batch_size if args.batch_size is not None else max(rows.values(), default=0)
     workload = data.get_workload(args.workload, seed=args.seed, batch_size=size)

@@ -4,6 +4,8 @@ A `Workload` holds feature specs (with their tables) and regenerates any batch
 from `(seed, step)`. Built-ins: `criteo`, `multihot`, `stacked`, `criteo26`.
 """
 
+from ._files import load_batch as load_batch
+from ._files import save_batch as save_batch
 from ._workload import IdDistribution as IdDistribution
 from ._workload import Workload as Workload
 from ._workload import num_ids as num_ids
@@ -21,7 +23,9 @@ __all__ = [
     "criteo",
     "criteo26",
     "get_workload",
+    "load_batch",
     "multihot",
     "num_ids",
+    "save_batch",
     "stacked",
 ]

@@ -1,0 +1,137 @@
+"""Batches of ragged IDs on disk: one `.npz` or `.parquet` file per batch.
+
+Both formats hold, per feature, the IDs of every sample and optional per-ID
+weights, and load into `Ragged` values that `tilecore.preprocess` takes as they
+are. In `.npz` the arrays are `<feature>/values`, `<feature>/row_splits` and
+optionally `<feature>/weights`. In Parquet every feature is a `list<int>`
+column (one row per sample) and `<feature>/weights` an optional `list<float>`
+column; reading it needs `pyarrow` (`pip install 'tilecore[parquet]'`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..preprocessing import Ragged
+
+_PARTS = ("values", "row_splits", "weights")
+SUFFIXES = (".npz", ".parquet")
+
+
+def save_batch(path: str | os.PathLike[str], batch: Mapping[str, Ragged]) -> Path:
+    """Write `batch` to `path` (its suffix, `.npz` or `.parquet`, picks the format)."""
+    path = Path(path)
+    if path.suffix == ".npz":
+        arrays: dict[str, np.ndarray] = {}
+        for name, ragged in batch.items():
+            arrays[f"{name}/values"] = np.asarray(ragged.values)
+            arrays[f"{name}/row_splits"] = np.asarray(ragged.row_splits)
+            if ragged.weights is not None:
+                arrays[f"{name}/weights"] = np.asarray(ragged.weights)
+        np.savez(path, **arrays)  # pyright: ignore[reportArgumentType]
+        return path
+    if path.suffix == ".parquet":
+        pa, pq = _pyarrow(path)
+        columns: dict[str, Any] = {}
+        for name, ragged in batch.items():
+            offsets = pa.array(np.asarray(ragged.row_splits, np.int64))
+            columns[name] = pa.LargeListArray.from_arrays(offsets, pa.array(ragged.values))
+            if ragged.weights is not None:
+                columns[f"{name}/weights"] = pa.LargeListArray.from_arrays(
+                    offsets, pa.array(np.asarray(ragged.weights, np.float32)))
+        pq.write_table(pa.table(columns), path)
+        return path
+    raise ValueError(f"{path}: unknown batch file type {path.suffix!r}; use one of {SUFFIXES}.")
+
+
+def load_batch(path: str | os.PathLike[str]) -> dict[str, Ragged]:
+    """Read one batch written by `save_batch` (or by hand in the same layout)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such batch file.")
+    if path.suffix == ".npz":
+        return _load_npz(path)
+    if path.suffix == ".parquet":
+        return _load_parquet(path)
+    raise ValueError(f"{path}: unknown batch file type {path.suffix!r}; use one of {SUFFIXES}.")
+
+
+def _load_npz(path: Path) -> dict[str, Ragged]:
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{path}: cannot read it as an .npz archive ({error}).") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise ValueError(f"{path}: holds one array, not an .npz archive; save the batch with "
+                         "tilecore.data.save_batch or np.savez(path, **{'<feature>/values': ..., "
+                         "'<feature>/row_splits': ...}).")
+    with archive:
+        arrays = {key: archive[key] for key in archive}
+    bad = [k for k in arrays if k.rpartition("/")[2] not in _PARTS or not k.rpartition("/")[0]]
+    if bad:
+        raise ValueError(f"{path}: array names must be <feature>/values, <feature>/row_splits "
+                         f"or <feature>/weights; got {sorted(bad)}.")
+    parts: dict[str, dict[str, np.ndarray]] = {}
+    for key, value in arrays.items():
+        feature, _, part = key.rpartition("/")
+        parts.setdefault(feature, {})[part] = value
+    incomplete = sorted(f for f, p in parts.items() if not {"values", "row_splits"} <= p.keys())
+    if incomplete:
+        raise ValueError(f"{path}: features {incomplete} need both <feature>/values and "
+                         "<feature>/row_splits.")
+    return {f: Ragged(p["values"], p["row_splits"], p.get("weights")) for f, p in parts.items()}
+
+
+def _load_parquet(path: Path) -> dict[str, Ragged]:
+    pa, pq = _pyarrow(path)
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException) as error:
+        raise ValueError(f"{path}: cannot read it as a Parquet file ({error}).") from None
+    columns = {name: table.column(name).combine_chunks() for name in table.column_names}
+    out: dict[str, Ragged] = {}
+    for name, column in columns.items():
+        if name.endswith("/weights"):
+            continue
+        if not pa.types.is_list(column.type) and not pa.types.is_large_list(column.type):
+            raise ValueError(f"{path}: column {name!r} must be a list of integer IDs per "
+                             f"sample, got type {column.type}.")
+        if column.null_count:
+            raise ValueError(f"{path}: column {name!r} has {column.null_count} null rows; "
+                             "write an empty list for a sample without IDs.")
+        weights = columns.get(f"{name}/weights")
+        w = None
+        if weights is not None:
+            if not np.array_equal(_offsets(weights), _offsets(column)):
+                raise ValueError(f"{path}: column {name}/weights does not have one weight per "
+                                 f"ID of column {name!r}.")
+            w = _flat(weights)
+        out[name] = Ragged(_flat(column), _offsets(column), w)
+    orphans = sorted(n for n in columns if n.endswith("/weights") and n[:-8] not in out)
+    if orphans:
+        raise ValueError(f"{path}: weight columns {orphans} have no ID column.")
+    return out
+
+
+def _offsets(column: Any) -> np.ndarray:
+    offsets = column.offsets.to_numpy()
+    return offsets - offsets[0]
+
+
+def _flat(column: Any) -> np.ndarray:
+    return column.flatten().to_numpy(zero_copy_only=False)
+
+
+def _pyarrow(path: Path) -> tuple[Any, Any]:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ImportError(f"{path}: reading Parquet needs pyarrow; install it with "
+                          "pip install 'tilecore[parquet]'.") from None
+    return pa, pq

@@ -1,0 +1,77 @@
+"""Batches on disk: `.npz` and `.parquet` round trips and the errors of malformed files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tilecore as tc
+from tilecore import data
+
+
+def _batch(rng: np.random.Generator, weighted: bool) -> dict[str, tc.Ragged]:
+    out = {}
+    for name in ("clicks", "history"):
+        lengths = rng.integers(0, 6, size=17)
+        splits = np.concatenate([[0], np.cumsum(lengths)])
+        values = rng.integers(0, 1000, size=splits[-1])
+        weights = rng.random(splits[-1], dtype=np.float32) if weighted else None
+        out[name] = tc.Ragged(values, splits, weights)
+    return out
+
+
+@pytest.mark.parametrize("suffix", [".npz", ".parquet"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_round_trip(tmp_path: Path, suffix: str, weighted: bool) -> None:
+    if suffix == ".parquet":
+        pytest.importorskip("pyarrow")
+    batch = _batch(np.random.default_rng(7), weighted)
+    loaded = data.load_batch(data.save_batch(tmp_path / f"batch{suffix}", batch))
+    assert loaded.keys() == batch.keys()
+    for name, ragged in batch.items():
+        np.testing.assert_array_equal(loaded[name].values, ragged.values)
+        np.testing.assert_array_equal(loaded[name].row_splits, ragged.row_splits)
+        if weighted:
+            np.testing.assert_array_equal(loaded[name].weights, ragged.weights)
+        else:
+            assert loaded[name].weights is None
+
+
+def test_loaded_batch_preprocesses_like_the_original(tmp_path: Path) -> None:
+    pytest.importorskip("pyarrow")
+    batch = data.criteo(batch_size=32).batch(3)
+    plan = tc.plan_stacking(data.criteo(batch_size=32).features,
+                            tc.Topology(global_devices=1, sc_per_device=2))
+    want, _ = tc.preprocess(plan, batch)
+    got, _ = tc.preprocess(plan, data.load_batch(data.save_batch(tmp_path / "b.parquet", batch)))
+    for name, buffers in want.stacks.items():
+        np.testing.assert_array_equal(got.stacks[name].row_pointers, buffers.row_pointers)
+        np.testing.assert_array_equal(got.stacks[name].embedding_ids, buffers.embedding_ids)
+
+
+def test_parquet_errors(tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    path = tmp_path / "b.parquet"
+    pq.write_table(pa.table({"f": pa.array([[1, 2], None, [3]])}), path)
+    with pytest.raises(ValueError, match="'f' has 1 null rows"):
+        data.load_batch(path)
+    pq.write_table(pa.table({"f": pa.array([[1, 2], [3]]),
+                             "f/weights": pa.array([[1.0], [2.0]])}), path)
+    with pytest.raises(ValueError, match="one weight per ID"):
+        data.load_batch(path)
+    pq.write_table(pa.table({"g/weights": pa.array([[1.0]])}), path)
+    with pytest.raises(ValueError, match=r"weight columns \['g/weights'\] have no ID column"):
+        data.load_batch(path)
+    path.write_text("junk")
+    with pytest.raises(ValueError, match="cannot read it as a Parquet file"):
+        data.load_batch(path)
+
+
+def test_unknown_suffix_and_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"unknown batch file type '\.csv'"):
+        data.save_batch(tmp_path / "b.csv", {})
+    with pytest.raises(FileNotFoundError, match="no such batch file"):
+        data.load_batch(tmp_path / "absent.parquet")
