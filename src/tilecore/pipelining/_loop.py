@@ -1,0 +1,77 @@
+"""The training loop driver: fill, steady state and drain, with outputs in step order."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any, NamedTuple
+
+from ._state import TrainState, placeholder_input
+from ._train_step import TrainStep
+from ._types import StepInput
+
+
+class StepResult(NamedTuple):
+    """The outputs of real step `step` (0-based, in the order of the batches)."""
+
+    step: int
+    outputs: Any
+
+
+class TrainingRun(Iterator[StepResult]):
+    """Iterating runs the loop; `state` is the latest state (the final one at the end).
+
+    A pipelined run makes `pipeline_steps(n)` calls for n batches: call 0 fills
+    the pipeline (SC forward of step 0 only), call k ≤ n yields the outputs of
+    step k−1, call n+1 drains it (SC backward of the last step). The drain
+    inputs are an empty batch and zero dense inputs shaped like the first batch.
+    The last result is yielded after the drain call, so when the loop ends every
+    table update has been applied. A plain run makes one call per batch.
+
+    With a donating `TrainStep`, `state` is only valid until the next iteration.
+    """
+
+    def __init__(self, step: TrainStep, state: TrainState, batches: Iterable[StepInput]):
+        self.state = state
+        self._results = self._pipelined(step, batches) if step.pipelined else self._plain(
+            step, batches)
+
+    def __next__(self) -> StepResult:
+        return next(self._results)
+
+    def _plain(self, step: TrainStep, batches: Iterable[StepInput]) -> Iterator[StepResult]:
+        for index, inputs in enumerate(batches):
+            self.state, out = step(self.state, inputs)
+            yield StepResult(index, out.outputs)
+
+    def _pipelined(self, step: TrainStep, batches: Iterable[StepInput]
+                   ) -> Iterator[StepResult]:
+        batches = iter(batches)
+        first = next(batches, None)
+        if first is None:
+            return
+        dummy = placeholder_input(first)
+        self.state, _ = step(self.state, first, fake_tc_step=True)
+        last = 0
+        for last, inputs in enumerate(batches, start=1):
+            self.state, out = step(self.state, inputs)
+            yield StepResult(last - 1, out.outputs)
+        self.state, out = step(self.state, dummy)
+        self.state, _ = step(self.state, dummy, fake_tc_step=True)
+        yield StepResult(last, out.outputs)
+
+
+def run_loop(step: TrainStep, state: TrainState, batches: Iterable[StepInput]) -> TrainingRun:
+    """Train over `batches`, yielding each real step's outputs in order.
+
+    ```
+    step = TrainStep(stages=sparsecore_stages(plan, optax_tc(loss, opt)), pipelined=True)
+    run = run_loop(step, step.init(variables, dense, first_batch), batches)
+    for result in run:
+        log(result.step, result.outputs)
+    variables = run.state.variables  # every update applied
+    ```
+
+    Switching `pipelined` off changes nothing else. Batches are consumed lazily,
+    one call ahead of the outputs when pipelined.
+    """
+    return TrainingRun(step, state, batches)
