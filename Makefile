@@ -19,7 +19,7 @@ demo: install
 	$(BIN)/tilecore demo
 
 test: install
-	$(BIN)/ruff check src tests
+	$(BIN)/ruff check src tests examples
 	$(BIN)/pyright --pythonpath $(BIN)/python
 	$(BIN)/python -m pytest
 
