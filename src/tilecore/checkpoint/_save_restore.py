@@ -1,0 +1,186 @@
+"""`save` and `restore`: a training job's embeddings (and anything else) in one call."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from jax.sharding import Mesh
+
+from .. import __version__
+from ..ops import DEFAULT_AXIS, EmbeddingVariables, unshard
+from ..stacking import StackingPlan
+from ._compare import same_layout, table_mismatches
+from ._convert import (
+    TableState,
+    check_variables,
+    shard_variables,
+    stack_plan,
+    table_sharding,
+)
+from ._errors import CheckpointMismatchError
+from ._metadata import SavedLayout, plan_json
+from ._store import (
+    EMBEDDINGS,
+    EXTRA,
+    METADATA,
+    PathLike,
+    host_restore_args,
+    manager,
+    pick_step,
+    read_item,
+    read_layout,
+    restore_args,
+)
+
+
+class Checkpoint(NamedTuple):
+    """What `restore` returns.
+
+    Attributes:
+      step: the training step the checkpoint was saved at.
+      variables: stack name → `EmbeddingVariables` laid out for the restoring plan.
+      extra: the pytree passed to `save` as `extra` (None if none was).
+    """
+
+    step: int
+    variables: dict[str, EmbeddingVariables]
+    extra: Any
+
+
+def _embeddings_tree(order: tuple[str, ...], variables: Mapping[str, EmbeddingVariables]
+                     ) -> list[dict[str, Any]]:
+    return [{"table": variables[s].table, "slots": list(variables[s].slots)} for s in order]
+
+
+def save(
+    directory: PathLike,
+    plan: StackingPlan,
+    variables: Mapping[str, EmbeddingVariables],
+    *,
+    step: int,
+    extra: Any = None,
+    max_to_keep: int | None = None,
+) -> Path:
+    """Write a checkpoint of `variables` (every stack's table and slots) at `step`.
+
+    Args:
+      directory: the checkpoint root; each step gets its own subdirectory.
+      plan: the stacking plan `variables` are laid out for; stored as JSON with
+        every table, feature and optimizer spec (see `read_metadata`).
+      variables: stack name → `EmbeddingVariables`, on any devices or mesh.
+      step: the training step (an integer >= 0), also the subdirectory's name.
+      extra: any pytree to save alongside (dense parameters, optax state, data
+        iterator position, …); restored by `restore`.
+      max_to_keep: keep only the newest this many steps (None keeps all).
+
+    Returns:
+      The step's directory. The save is synchronous and atomic: Orbax writes into a
+      temporary directory and renames it once complete, so an interrupted save
+      leaves earlier steps intact and is never mistaken for a checkpoint.
+    """
+    if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
+        raise ValueError(f"save: step must be an integer >= 0, got step={step!r}.")
+    check_variables(plan, variables)
+    items: dict[str, ocp.args.CheckpointArgs] = {
+        EMBEDDINGS: ocp.args.PyTreeSave(_embeddings_tree(tuple(plan.stacks), variables)),
+        METADATA: ocp.args.JsonSave({**plan_json(plan, int(step), __version__),
+                                     "has_extra": extra is not None}),
+    }
+    if extra is not None:
+        items[EXTRA] = ocp.args.PyTreeSave(extra)
+    with manager(directory, create=True, max_to_keep=max_to_keep) as mgr:
+        if int(step) in mgr.all_steps():
+            raise ValueError(
+                f"save: step {step} already exists in {str(directory)!r}; pick a new step "
+                "(checkpoints are never overwritten)."
+            )
+        mgr.save(int(step), args=ocp.args.Composite(**items))
+    return Path(directory).absolute() / str(int(step))
+
+
+def read_tables(directory: PathLike, step: int, saved: SavedLayout) -> dict[str, TableState]:
+    """Every saved table with its slots as host `[vocab, dim]` arrays (any topology)."""
+    arrays = read_item(directory, step, EMBEDDINGS, None,
+                       host_restore_args(directory, step, EMBEDDINGS))
+    out: dict[str, TableState] = {}
+    for stack, item in zip(saved.stack_order, arrays, strict=True):
+        sub = stack_plan(saved.plan, stack)
+        tables = unshard(sub, {stack: item["table"]})
+        slots = [unshard(sub, {stack: s}) for s in item["slots"]]
+        out.update({t: TableState(tables[t], tuple(s[t] for s in slots)) for t in tables})
+    return out
+
+
+def _read_in_place(directory: PathLike, step: int, saved: SavedLayout, plan: StackingPlan,
+                   sharding: jax.sharding.Sharding | None) -> dict[str, EmbeddingVariables]:
+    """The saved stacked arrays read straight onto `sharding` (same layout as `plan`)."""
+    def shape(stack: str) -> jax.ShapeDtypeStruct:
+        spec = plan.stacks[stack]
+        return jax.ShapeDtypeStruct((spec.vocab_size, spec.embedding_dim), np.float32,
+                                    sharding=sharding)
+
+    target = [{"table": shape(s), "slots": [shape(s)] * len(saved.slot_names[s])}
+              for s in saved.stack_order]
+    arrays = read_item(directory, step, EMBEDDINGS, target, restore_args(target))
+    return {s: EmbeddingVariables(a["table"], tuple(a["slots"]))
+            for s, a in zip(saved.stack_order, arrays, strict=True)}
+
+
+def restore(
+    directory: PathLike,
+    plan: StackingPlan,
+    *,
+    step: int | None = None,
+    mesh: Mesh | None = None,
+    axis: str = DEFAULT_AXIS,
+    extra: Any = None,
+) -> Checkpoint:
+    """Read a checkpoint into variables laid out for `plan`, on any topology.
+
+    The saved tables must match `plan`'s (names, vocab sizes, dims, optimizer
+    types); hyperparameters may differ. When `plan` stacks and shards the tables
+    exactly as the saved plan did, the arrays are read straight onto the devices
+    (another device count included). Otherwise (other devices × SparseCores, other
+    stacking) every table and slot is unsharded to `[vocab, dim]` on the host and
+    resharded for `plan`: real rows are carried bit for bit, padding gets 0.0
+    (tables) or the optimizer's initial slot value.
+
+    Args:
+      directory: the checkpoint root given to `save`.
+      plan: the restoring model's plan (any topology).
+      step: the step to read; None reads the latest.
+      mesh, axis: where the tables go: rows split over `axis` of `mesh`; None
+        for a single-device plan (the default device).
+      extra: a target for the saved `extra` pytree (concrete values or
+        `jax.ShapeDtypeStruct`s with shardings): its structure (tuples, named
+        tuples, optax states) and placements are used. None returns it as Orbax
+        stores it: containers as dicts/lists, arrays as numpy.
+
+    Raises:
+      CheckpointNotFoundError: no checkpoint (or not `step`) in `directory`.
+      CheckpointCorruptError: the metadata or arrays cannot be read.
+      CheckpointMismatchError: the tables differ; lists every difference.
+    """
+    step = pick_step(directory, step)
+    raw, saved = read_layout(directory, step)
+    mismatches = table_mismatches(saved, plan)
+    if mismatches:
+        raise CheckpointMismatchError(Path(directory), step, mismatches)
+    sharding = table_sharding(plan, mesh, axis)
+    if same_layout(saved, plan):
+        variables = _read_in_place(directory, step, saved, plan, sharding)
+        variables = {s: variables[s] for s in plan.stacks}
+    else:
+        variables = shard_variables(plan, read_tables(directory, step, saved), mesh=mesh,
+                                    axis=axis)
+    restored_extra = None
+    if raw.get("has_extra"):
+        args = (host_restore_args(directory, step, EXTRA) if extra is None
+                else restore_args(extra))
+        restored_extra = read_item(directory, step, EXTRA, extra, args)
+    return Checkpoint(step, variables, restored_extra)
