@@ -1,0 +1,183 @@
+"""`tilecore train`: the main job — a DLRM-style click model trained end to end.
+
+A thin driver over `tilecore.training.train`: it builds the data source and the
+config from the options, makes sure JAX sees `--devices` CPU devices (the flag
+must be set before JAX starts), and writes the summary, plots and checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import tilecore as tc
+
+from ._common import add_threads_option, parse_topology, write_file, write_json
+from ._devices import RERUN_ENV, with_device_count
+
+OPTIMIZERS = {"sgd": tc.SGD, "adagrad": tc.Adagrad, "adagrad_momentum": tc.AdagradMomentum,
+              "adam": tc.Adam, "ftrl": tc.FTRL, "laprop": tc.LaProp}
+DEFAULT_LR = {"sgd": 0.5, "adagrad": 0.3, "adagrad_momentum": 0.1, "adam": 0.01, "ftrl": 0.3,
+              "laprop": 0.01}
+DEFAULT_OUT = Path("tilecore-train")
+DEFAULT_BATCH = 1024
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "train", help="train a DLRM-style click model end to end (the main job)",
+        description=(
+            "Train embedding tables (tilecore ops) plus a DLRM-style dense model on synthetic "
+            "click data whose labels come from a hidden model (or --data files): limits tuned "
+            "by FDO first, preprocessing prefetched in background threads, periodic held-out "
+            "evaluation (loss, AUC), a checkpoint, a summary (JSON) and PNG plots in --out."),
+    )
+    p.add_argument("--steps", type=int, default=1000, help="training steps (default 1000)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help=f"examples per step (default {DEFAULT_BATCH}; --data fixes it)")
+    p.add_argument("--eval-every", type=int, default=200, help="steps between evaluations "
+                   "(default 200; also after the last step)")
+    p.add_argument("--eval-batches", type=int, default=4, help="held-out batches (default 4)")
+    p.add_argument("--optimizer", default="adagrad", choices=sorted(OPTIMIZERS),
+                   help="optimizer of the tables (default adagrad)")
+    p.add_argument("--learning-rate", type=float, default=None,
+                   help="tables' learning rate (default per optimizer, adagrad 0.3)")
+    p.add_argument("--dense-learning-rate", type=float, default=1e-2,
+                   help="Adam's learning rate for the dense model (default 0.01)")
+    p.add_argument("--embedding-dim", type=int, default=16, help="embedding width (default 16)")
+    p.add_argument("--vocab-sizes", default=None, metavar="V1,V2,...",
+                   help="vocabulary of each synthetic feature (default: 8 features, 500..100000)")
+    p.add_argument("--devices", type=int, default=None,
+                   help="devices of the mesh (default 1). On CPU, JAX is started with "
+                        "XLA_FLAGS=--xla_force_host_platform_device_count=N")
+    p.add_argument("--sc-per-device", type=int, default=None,
+                   help="logical SparseCores per device (default 4)")
+    p.add_argument("--topology", default=None, metavar="LxS",
+                   help="devices x SparseCores in one option, e.g. 2x4")
+    p.add_argument("--prefetch", type=int, default=2,
+                   help="batches preprocessed ahead in background threads (default 2)")
+    add_threads_option(p)
+    p.add_argument("--tune-batches", type=int, default=4,
+                   help="batches the limits are tuned on before training (default 4)")
+    p.add_argument("--headroom", type=float, default=0.1,
+                   help="tuned limits x (1 + headroom) (default 0.1)")
+    p.add_argument("--pipelining", action=argparse.BooleanOptionalAction, default=True,
+                   help="overlap SparseCore and TensorCore stages (default on)")
+    p.add_argument("--data", type=Path, default=None, metavar="DIR",
+                   help="read batches from .npz files (tilecore.data.write_click_files)")
+    p.add_argument("--seed", type=int, default=0, help="data and model seed (default 0)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR",
+                   help=f"checkpoint, plots and summary.json go here (default ./{DEFAULT_OUT})")
+    p.add_argument("--json", type=Path, default=None, metavar="PATH",
+                   help="write the summary here (default OUT/summary.json)")
+    p.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                   help="write a jax.profiler trace (TensorBoard / Perfetto) of the loop here")
+    p.set_defaults(run=run)
+
+
+def _topology(args: argparse.Namespace) -> tc.Topology:
+    if args.topology is not None:
+        topology = parse_topology(args.topology)
+        for flag, given, have in (("--devices", args.devices, topology.global_devices),
+                                  ("--sc-per-device", args.sc_per_device, topology.sc_per_device)):
+            if given is not None and given != have:
+                raise ValueError(f"{flag} {given} contradicts --topology {args.topology}; "
+                                 "give one of them.")
+        return topology
+    return tc.Topology(global_devices=args.devices or 1, sc_per_device=args.sc_per_device or 4)
+
+
+def _source(args: argparse.Namespace) -> Any:
+    from tilecore import data
+
+    if args.data is not None:
+        if args.batch_size is not None or args.vocab_sizes is not None:
+            raise ValueError("--data fixes the batch size and vocabularies; drop --batch-size "
+                             "and --vocab-sizes.")
+        return data.load_click_files(args.data)
+    sizes = {}
+    if args.vocab_sizes is not None:
+        try:
+            sizes["vocab_sizes"] = tuple(int(v) for v in args.vocab_sizes.split(","))
+        except ValueError:
+            raise ValueError(f"--vocab-sizes must be integers separated by commas, got "
+                             f"{args.vocab_sizes!r}.") from None
+        sizes["multi_hot"] = {k: 8 for k in (2, 5) if k < len(sizes["vocab_sizes"])}
+    return data.clicks(seed=args.seed, batch_size=args.batch_size or DEFAULT_BATCH, **sizes)
+
+
+def _ensure_devices(count: int, argv: list[str]) -> int | None:
+    """Start JAX with `count` CPU devices; an exit status if a child process had to run."""
+    import jax
+    from jax._src import xla_bridge  # no public way to ask whether the backends started
+
+    if count > 1 and not xla_bridge.backends_are_initialized():  # read when the CPU backend starts
+        os.environ["XLA_FLAGS"] = with_device_count(os.environ.get("XLA_FLAGS", ""), count)
+
+    if jax.device_count() >= count:
+        return None
+    from ._devices import rerun_with_cpu_devices
+
+    if os.environ.get(RERUN_ENV):
+        raise ValueError(f"--devices {count}: JAX has {jax.device_count()} device(s).")
+    return rerun_with_cpu_devices(count, argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    for name in ("steps", "eval_every", "eval_batches", "tune_batches", "embedding_dim"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}.")
+    if args.prefetch < 0:
+        raise ValueError(f"--prefetch must be >= 0, got {args.prefetch}.")
+    topology = _topology(args)
+    status = _ensure_devices(topology.global_devices, _argv(args, topology))
+    if status is not None:
+        return status
+    from tilecore import training
+
+    source = _source(args)
+    optimizer = OPTIMIZERS[args.optimizer](
+        learning_rate=args.learning_rate or DEFAULT_LR[args.optimizer])
+    config = training.TrainConfig(
+        steps=args.steps, model=training.ModelConfig(embedding_dim=args.embedding_dim),
+        table_optimizer=optimizer, dense_learning_rate=args.dense_learning_rate,
+        topology=topology, eval_every=args.eval_every, eval_batches=args.eval_batches,
+        prefetch=args.prefetch, tune_batches=args.tune_batches, tune_headroom=args.headroom,
+        pipelining=args.pipelining, num_threads=args.threads, seed=args.seed,
+        profile_dir=args.profile, checkpoint_dir=args.out / "checkpoint",
+    )
+    print(f"tilecore train: {len(source.features)} features, {source.num_dense} dense, batch "
+          f"{source.batch_size}, {args.steps} steps on {topology} (devices x SparseCores)",
+          flush=True)
+    try:
+        result = training.train(source, config)
+    except training.NonFiniteLossError as error:
+        print(f"tilecore train: error: {error}", file=sys.stderr)
+        return 1
+    summary = result.summary
+    print(summary.format())
+    write_file(args.out / "loss_auc.png", training.plot_curves(summary))
+    write_file(args.out / "partition_load.png", training.plot_partition_load(summary))
+    print(f"wrote {args.out / 'loss_auc.png'} and {args.out / 'partition_load.png'}")
+    print(f"checkpoint {summary.checkpoint}")
+    if args.profile is not None:
+        print(f"profile trace in {args.profile} (open with TensorBoard or ui.perfetto.dev)")
+    write_json(args.json or args.out / "summary.json", summary.to_json())
+    return 0
+
+
+def _argv(args: argparse.Namespace, topology: tc.Topology) -> list[str]:
+    """The command line that reproduces `args` (for re-running in a child process)."""
+    argv = ["train", "--topology", f"{topology.global_devices}x{topology.sc_per_device}",
+            "--pipelining" if args.pipelining else "--no-pipelining"]
+    for flag in ("steps", "batch_size", "eval_every", "eval_batches", "optimizer",
+                 "learning_rate", "dense_learning_rate", "embedding_dim", "vocab_sizes",
+                 "prefetch", "threads", "tune_batches", "headroom", "data", "seed", "out",
+                 "json", "profile"):
+        value = getattr(args, flag)
+        if value is not None:
+            argv += [f"--{flag.replace('_', '-')}", str(value)]
+    return argv

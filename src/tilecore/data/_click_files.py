@@ -1,0 +1,149 @@
+"""Click batches stored as `.npz` files: a writer, and a reader with the dataset's interface.
+
+Layout of a directory:
+
+    clicks.json           {"features": [{"name", "vocab_size", "max_ids"}, …],
+                           "num_dense": D, "batch_size": B}
+    train/00000.npz, …    one batch each
+    eval/00000.npz, …     held-out batches
+
+A batch file holds `<feature>.values` (int IDs) and `<feature>.row_splits`
+(int64, B + 1 entries) per feature, `dense` (`[B, D]` float32) and `labels`
+(`[B]`, 0 or 1). Training steps cycle over the train files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..preprocessing import Ragged
+from ._clicks import ClickBatch, ClickFeature
+
+SCHEMA_FILE = "clicks.json"
+
+
+class ClickSource(Protocol):
+    """What training needs from click data: its schema and batches by index."""
+
+    @property
+    def features(self) -> tuple[ClickFeature, ...]: ...
+
+    @property
+    def num_dense(self) -> int: ...
+
+    @property
+    def batch_size(self) -> int: ...
+
+    def train_batch(self, step: int) -> ClickBatch: ...
+
+    def eval_batch(self, index: int) -> ClickBatch: ...
+
+
+def _write_atomic(path: Path, content: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(content)
+    os.replace(tmp, path)
+
+
+def _write_batch(path: Path, batch: ClickBatch) -> None:
+    arrays: dict[str, Any] = {"dense": batch.dense, "labels": batch.labels}
+    for name, ragged in batch.sparse.items():
+        if ragged.weights is not None:
+            raise ValueError(f"write_click_files: feature {name!r} has weights; the click file "
+                             "format stores IDs only.")
+        arrays[f"{name}.values"] = ragged.values
+        arrays[f"{name}.row_splits"] = ragged.row_splits
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    _write_atomic(path, buffer.getvalue())
+
+
+def write_click_files(directory: str | Path, source: ClickSource, *, train_batches: int,
+                      eval_batches: int) -> Path:
+    """Write `train_batches` training and `eval_batches` held-out batches of `source`.
+
+    Returns the directory, which `load_click_files` reads back.
+    """
+    if train_batches < 1 or eval_batches < 1:
+        raise ValueError(f"write_click_files: need >= 1 train and eval batch, got "
+                         f"{train_batches=}, {eval_batches=}.")
+    root = Path(directory)
+    for split, count, get in (("train", train_batches, source.train_batch),
+                              ("eval", eval_batches, source.eval_batch)):
+        (root / split).mkdir(parents=True, exist_ok=True)
+        for i in range(count):
+            _write_batch(root / split / f"{i:05d}.npz", get(i))
+    schema = {
+        "features": [dataclasses.asdict(f) for f in source.features],
+        "num_dense": source.num_dense, "batch_size": source.batch_size,
+    }
+    _write_atomic(root / SCHEMA_FILE, (json.dumps(schema, indent=2) + "\n").encode())
+    return root
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ClickFiles:
+    """Click batches read from a directory written by `write_click_files`."""
+
+    directory: Path
+    features: tuple[ClickFeature, ...]
+    num_dense: int
+    batch_size: int
+    train_files: tuple[Path, ...]
+    eval_files: tuple[Path, ...]
+
+    def train_batch(self, step: int) -> ClickBatch:
+        """Training batch `step`: the files in name order, cycled."""
+        return self._read(self.train_files[step % len(self.train_files)])
+
+    def eval_batch(self, index: int) -> ClickBatch:
+        """Held-out batch `index` (cycled over the eval files)."""
+        return self._read(self.eval_files[index % len(self.eval_files)])
+
+    def _read(self, path: Path) -> ClickBatch:
+        with np.load(path) as npz:
+            needed = ["dense", "labels"] + [f"{f.name}.{part}" for f in self.features
+                                            for part in ("values", "row_splits")]
+            missing = [key for key in needed if key not in npz.files]
+            if missing:
+                raise ValueError(f"Click file {path}: missing arrays {missing}; it holds "
+                                 f"{sorted(npz.files)}. Write it with write_click_files.")
+            sparse = {f.name: Ragged(npz[f"{f.name}.values"], npz[f"{f.name}.row_splits"])
+                      for f in self.features}
+            dense, labels = npz["dense"].astype(np.float32), npz["labels"].astype(np.float32)
+        b, d = self.batch_size, self.num_dense
+        if dense.shape != (b, d) or labels.shape != (b,):
+            raise ValueError(f"Click file {path}: dense {dense.shape} and labels {labels.shape}; "
+                             f"expected {(b, d)} and {(b,)} (clicks.json).")
+        for f in self.features:
+            if len(sparse[f.name].row_splits) != b + 1:
+                raise ValueError(f"Click file {path}: feature {f.name!r} has "
+                                 f"{len(sparse[f.name].row_splits) - 1} rows; expected {b}.")
+        return ClickBatch(sparse=sparse, dense=dense, labels=labels)
+
+
+def load_click_files(directory: str | Path) -> ClickFiles:
+    """Open a directory of click files (see the module docstring for the layout)."""
+    root = Path(directory)
+    schema_path = root / SCHEMA_FILE
+    if not schema_path.is_file():
+        raise ValueError(f"Click data {root}: no {SCHEMA_FILE}; write the directory with "
+                         "tilecore.data.write_click_files.")
+    schema = json.loads(schema_path.read_text())
+    train = tuple(sorted((root / "train").glob("*.npz")))
+    evals = tuple(sorted((root / "eval").glob("*.npz")))
+    if not train or not evals:
+        raise ValueError(f"Click data {root}: found {len(train)} train/*.npz and {len(evals)} "
+                         "eval/*.npz files; need at least one of each.")
+    return ClickFiles(
+        directory=root, features=tuple(ClickFeature(**f) for f in schema["features"]),
+        num_dense=int(schema["num_dense"]), batch_size=int(schema["batch_size"]),
+        train_files=train, eval_files=evals,
+    )

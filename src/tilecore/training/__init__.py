@@ -1,0 +1,56 @@
+"""The main job: a DLRM-style click model trained with tilecore embeddings.
+
+`train(source, config)` tunes the limits (FDO), prefetches preprocessed batches
+in background threads, runs jitted steps (lookup → dense model → lookup_grad, pipelined across steps
+by `tilecore.pipelining`),
+evaluates held-out loss and AUC, and saves a checkpoint; `tilecore train` is a
+thin driver over it.
+"""
+
+from ._checkpoint import checkpoint_arrays as checkpoint_arrays
+from ._checkpoint import save_checkpoint as save_checkpoint
+from ._config import TrainConfig as TrainConfig
+from ._loop import NonFiniteLossError as NonFiniteLossError
+from ._loop import TrainResult as TrainResult
+from ._loop import click_features as click_features
+from ._loop import train as train
+from ._metrics import auc as auc
+from ._metrics import log_loss as log_loss
+from ._model import ModelConfig as ModelConfig
+from ._model import init_params as init_params
+from ._model import logits as logits
+from ._plots import plot_curves as plot_curves
+from ._plots import plot_partition_load as plot_partition_load
+from ._prefetch import Prefetcher as Prefetcher
+from ._step import DenseInputs as DenseInputs
+from ._step import DeviceBatch as DeviceBatch
+from ._step import StepMetrics as StepMetrics
+from ._step import click_stages as click_stages
+from ._step import make_eval_step as make_eval_step
+from ._summary import EvalPoint as EvalPoint
+from ._summary import TrainSummary as TrainSummary
+
+__all__ = [
+    "DenseInputs",
+    "DeviceBatch",
+    "EvalPoint",
+    "ModelConfig",
+    "NonFiniteLossError",
+    "Prefetcher",
+    "StepMetrics",
+    "TrainConfig",
+    "TrainResult",
+    "TrainSummary",
+    "auc",
+    "checkpoint_arrays",
+    "click_features",
+    "click_stages",
+    "init_params",
+    "log_loss",
+    "logits",
+    "make_eval_step",
+    "plot_curves",
+    "plot_partition_load",
+    "save_checkpoint",
+    "train",
+]

@@ -1,0 +1,67 @@
+"""What `train` does: one frozen value with every knob of the main job."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from ..specs import Adagrad, OptimizerSpec, Topology
+from ._model import ModelConfig
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """Settings of a training run (the defaults are those of `tilecore train`).
+
+    Attributes:
+      steps: training steps (one batch each).
+      model: sizes of the dense model and the embedding width.
+      table_optimizer: the tilecore optimizer of every table.
+      dense_learning_rate: Adam's learning rate for the dense parameters.
+      topology: devices × logical SparseCores per device.
+      eval_every: evaluate on the held-out batches every this many steps (and at
+        the end).
+      eval_batches: held-out batches per evaluation.
+      prefetch: batches prepared ahead by background workers (0: none).
+      tune_batches: training batches the limits are tuned on (FDO) before training.
+      tune_headroom: tuned limits grow by this fraction (later batches may need more;
+        IDs over the limits are dropped and counted).
+      pipelining: overlap SparseCore and TensorCore stages of consecutive steps
+        (when `tilecore.pipelining` is available).
+      num_threads: preprocessing threads per batch (None: tilecore's default).
+      seed: seed of the model's initial values.
+      profile_dir: write a `jax.profiler` trace of the training loop here.
+      checkpoint_dir: save the final state here (None: no checkpoint).
+    """
+
+    steps: int = 1000
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    table_optimizer: OptimizerSpec = dataclasses.field(
+        default_factory=lambda: Adagrad(learning_rate=0.3))
+    dense_learning_rate: float = 1e-2
+    topology: Topology = dataclasses.field(
+        default_factory=lambda: Topology(global_devices=1, sc_per_device=4))
+    eval_every: int = 200
+    eval_batches: int = 4
+    prefetch: int = 2
+    tune_batches: int = 4
+    tune_headroom: float = 0.1
+    pipelining: bool = True
+    num_threads: int | None = None
+    seed: int = 0
+    profile_dir: Path | None = None
+    checkpoint_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "eval_every", "eval_batches", "tune_batches"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"TrainConfig: {name} must be an integer >= 1, got {value!r}.")
+        if self.prefetch < 0:
+            raise ValueError(f"TrainConfig: prefetch must be >= 0, got {self.prefetch!r}.")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"TrainConfig: num_threads must be >= 1, got {self.num_threads!r}.")
+        if not self.dense_learning_rate > 0 or not self.tune_headroom >= 0:
+            raise ValueError(
+                f"TrainConfig: need dense_learning_rate > 0 and tune_headroom >= 0, got "
+                f"{self.dense_learning_rate!r} and {self.tune_headroom!r}.")
