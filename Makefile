@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: install
-	$(BIN)/tilecore demo
+	$(BIN)/tilecore train
 
 test: install
 	$(BIN)/ruff check src tests examples

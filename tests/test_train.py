@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
-import itertools
 import json
 import os
 import subprocess
@@ -12,12 +12,13 @@ import threading
 import time
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import tilecore as tc
-from tilecore import data, training
+from tilecore import checkpoint, data, training
 from tilecore.cli import main
 from tilecore.training import _tables
 
@@ -112,7 +113,7 @@ def test_prefetcher_closes_early_without_deadlock() -> None:
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path, dict]:
     out = tmp_path_factory.mktemp("train")
     status = main(["train", "--steps", "4", "--eval-every", "2", *TINY, "--out", str(out),
-                   "--json", str(out / "result.json")])
+                   "--json", str(out / "result.json"), "--profile", str(out / "trace")])
     return status, out, json.loads((out / "result.json").read_text())
 
 
@@ -122,16 +123,38 @@ def test_tiny_run_writes_summary_plots_and_checkpoint(tiny_run: tuple[int, Path,
     assert list(result)[:5] == list(JSON_KEYS)
     assert result["examples_per_s"] > 0 and 0 <= result["auc"] <= 1 and result["loss"] > 0
     assert result["num_minibatches"] == 4 and result["dropped_ids"] >= 0
-    assert result["steps"] == 4 and result["pipelining"] is True
+    assert result["steps"] == 4 and result["pipelining"] is True and result["start_step"] == 0
     assert [e["step"] for e in result["evals"]] == [2, 4] and len(result["train_losses"]) == 4
     assert result["topology"] == "1x2" and set(result["limits"]) == set(result["partition_load"])
+    assert 0 <= result["input_wait_fraction"] <= 1 and result["step_seconds"] > 0
+    assert result["preprocess_seconds_per_batch"] > 0
     for png in ("loss_auc.png", "partition_load.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    with np.load(out / "checkpoint" / "step_00000004.npz") as ckpt:
-        assert int(ckpt["step"]) == 4
-        assert ckpt["table/c01"].shape == (300, 8) and np.all(np.isfinite(ckpt["table/c01"]))
-        assert ckpt["slot/c01/0"].shape == (300, 8)  # Adagrad's accumulator
-        assert any(k.startswith("param/") for k in ckpt.files)
+    directory = out / "checkpoint"
+    assert result["checkpoint"] == str((directory / "4").absolute())
+    assert checkpoint.available_steps(directory) == (4,)
+    tables = checkpoint.export_tables(directory)
+    assert tables["c01"].shape == (300, 8) and np.all(np.isfinite(tables["c01"]))
+    traces = list((out / "trace").rglob("*.xplane.pb"))  # --profile
+    assert traces and traces[0].stat().st_size > 0
+    meta = checkpoint.read_metadata(directory)
+    assert meta["step"] == 4 and meta["has_extra"]  # the dense model's state rides along
+
+
+def test_cli_resume_with_other_tables_lists_the_mismatch(
+        tiny_run: tuple[int, Path, dict], capsys: pytest.CaptureFixture[str]) -> None:
+    _, out, _ = tiny_run
+    base = ["train", "--steps", "6", *TINY, "--out", str(out)]
+    assert main([*base, "--resume", "--embedding-dim", "16"]) == 2  # TINY says 8
+    err = capsys.readouterr().err
+    assert "cannot resume" in err and "1 mismatch" not in err
+    for name in ("c00", "c01", "c02", "c03"):
+        assert f"table {name!r}: embedding_dim saved=8, expected=16" in err
+    assert main(base) == 2  # without --resume a run must not mix with the saved one
+    assert "already holds checkpoints (latest: step 4)" in capsys.readouterr().err
+    assert main([*base, "--resume", "--steps", "4"]) == 2
+    assert "nothing is left to train" in capsys.readouterr().err
+    assert checkpoint.available_steps(out / "checkpoint") == (4,)
 
 
 def _tiny_source() -> data.ClickDataset:
@@ -145,9 +168,8 @@ def _tiny_config(**changes: object) -> training.TrainConfig:
     return training.TrainConfig(**{**base, **changes})  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("pipelining", [True, False])
 def test_non_finite_table_stops_training_naming_step_and_table(
-        pipelining: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch) -> None:
     from tilecore import ops
     from tilecore.training import _loop
 
@@ -163,7 +185,7 @@ def test_non_finite_table_stops_training_naming_step_and_table(
     monkeypatch.setattr(_loop, "init_variables", poisoned)
     with pytest.raises(training.NonFiniteLossError,
                        match=r"at step 0: the loss is nan; the activations of table\(s\) \['c01'\]"):
-        training.train(_tiny_source(), _tiny_config(pipelining=pipelining), progress=io.StringIO())
+        training.train(_tiny_source(), _tiny_config(), progress=io.StringIO())
 
 
 def test_diverging_dense_model_stops_training_naming_the_step() -> None:
@@ -172,31 +194,73 @@ def test_diverging_dense_model_stops_training_naming_the_step() -> None:
         training.train(_tiny_source(), config, progress=io.StringIO())
 
 
-def test_checkpoint_replaced_atomically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    result = training.train(_tiny_source(), _tiny_config(steps=2, eval_every=2,
-                                                         checkpoint_dir=tmp_path))
-    path = Path(str(result.summary.checkpoint))
-    before = path.read_bytes()
+def _states_equal(a: tc.pipelining.TrainState, b: tc.pipelining.TrainState) -> None:
+    for x, y in zip(jax.tree.leaves((a.variables, a.dense)), jax.tree.leaves((b.variables, b.dense)),
+                    strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
-    def interrupted(*args: object) -> None:
-        raise KeyboardInterrupt
 
-    monkeypatch.setattr(os, "replace", interrupted)
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory: pytest.TempPathFactory
+            ) -> tuple[training.TrainResult, training.TrainResult, Path]:
+    """5 steps straight (saving every 2), and 3 steps then resumed for 2 more."""
+    config = _tiny_config(steps=5, eval_every=5, pipelining=False)
+    straight_dir, split_dir = tmp_path_factory.mktemp("straight"), tmp_path_factory.mktemp("split")
+    straight = training.train(_tiny_source(), dataclasses.replace(
+        config, checkpoint_dir=straight_dir, checkpoint_every=2), progress=io.StringIO())
+    training.train(_tiny_source(), dataclasses.replace(config, steps=3, eval_every=3,
+                                                        checkpoint_dir=split_dir),
+                   progress=io.StringIO())
+    resumed = training.train(_tiny_source(), dataclasses.replace(
+        config, checkpoint_dir=split_dir, resume=True), progress=io.StringIO())
+    return straight, resumed, straight_dir
+
+
+def test_resume_equals_training_straight(
+        resumed: tuple[training.TrainResult, training.TrainResult, Path]) -> None:
+    straight, again, straight_dir = resumed
+    assert again.summary.start_step == 3 and len(again.summary.train_losses) == 2
+    assert again.summary.train_losses == straight.summary.train_losses[3:]
+    assert again.summary.auc == straight.summary.auc and again.summary.num_minibatches == 2
+    _states_equal(again.state, straight.state)
+    assert checkpoint.available_steps(straight_dir) == (4, 5)  # every 2 and the end; 2 kept
+    saved = training.restore_checkpoint(straight_dir, straight.plan, straight.state.dense)
+    assert saved.step == 5
+    _states_equal(straight.state._replace(variables=saved.variables, dense=saved.dense),
+                  straight.state)
+
+
+def test_interrupted_save_keeps_the_previous_checkpoint(
+        resumed: tuple[training.TrainResult, training.TrainResult, Path], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import orbax.checkpoint as ocp
+
+    result = resumed[0]
+    training.save_checkpoint(tmp_path, result.plan, result.state, step=5)
+
+    async def fail(self: object, x: object, directory: object) -> None:
+        raise KeyboardInterrupt  # the run is stopped while the step is being written
+
+    monkeypatch.setattr(ocp.JsonCheckpointHandler, "_save_fn", fail)
     with pytest.raises(KeyboardInterrupt):
-        training.save_checkpoint(tmp_path, result.plan, result.state, step=2)
-    assert path.read_bytes() == before  # the earlier checkpoint is intact
+        training.save_checkpoint(tmp_path, result.plan, result.state, step=6)
+    monkeypatch.undo()
+    assert training.latest_step(tmp_path) == 5  # the partial step 6 is not a checkpoint
+    saved = training.restore_checkpoint(tmp_path, result.plan, result.state.dense)
+    _states_equal(result.state._replace(variables=saved.variables, dense=saved.dense),
+                  result.state)
 
 
 def test_train_from_files(tmp_path: Path) -> None:
     root = data.write_click_files(tmp_path / "clicks", _tiny_source(), train_batches=2,
                                   eval_batches=1)
     out = tmp_path / "out"
-    args = ["train", "--data", str(root), "--steps", "3", "--eval-every", "3", "--sc-per-device",
+    args = ["train", "--data", str(root), "--steps", "2", "--eval-every", "2", "--sc-per-device",
             "2", "--embedding-dim", "8", "--eval-batches", "1", "--tune-batches", "2",
             "--no-pipelining", "--out", str(out)]
     assert main(args) == 0
     result = json.loads((out / "summary.json").read_text())
-    assert result["steps"] == 3 and result["pipelining"] is False and result["batch_size"] == 64
+    assert result["steps"] == 2 and result["pipelining"] is False and result["batch_size"] == 64
     assert main([*args, "--batch-size", "64"]) == 2  # --data fixes the batch size
 
 
@@ -210,7 +274,7 @@ def test_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
 def test_two_devices_in_a_subprocess(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     code = "import sys; from tilecore.cli import main; sys.exit(main(sys.argv[1:]))"
-    argv = ["train", "--devices", "2", "--steps", "3", "--eval-every", "3", *TINY,
+    argv = ["train", "--devices", "2", "--steps", "2", "--eval-every", "2", *TINY,
             "--out", str(tmp_path)]
     proc = subprocess.run([sys.executable, "-c", code, *argv], env=env, capture_output=True,
                           text=True, timeout=300, check=False)
@@ -218,12 +282,4 @@ def test_two_devices_in_a_subprocess(tmp_path: Path) -> None:
     result = json.loads((tmp_path / "summary.json").read_text())
     assert result["devices"] == 2 and result["topology"] == "2x2"
     assert "running again" not in proc.stdout  # the flag was set before JAX started
-    assert np.isfinite(result["loss"]) and result["num_minibatches"] == 3
-
-
-def test_profile_writes_a_trace(tmp_path: Path) -> None:
-    result = training.train(_tiny_source(), _tiny_config(steps=2, eval_every=2,
-                                                         profile_dir=tmp_path / "trace"))
-    assert result.summary.steps == 2
-    traces = list(itertools.chain((tmp_path / "trace").rglob("*.xplane.pb")))
-    assert traces and traces[0].stat().st_size > 0
+    assert np.isfinite(result["loss"]) and result["num_minibatches"] == 2

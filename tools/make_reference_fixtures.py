@@ -110,6 +110,7 @@ def case(**kw):
   kw.setdefault("inputs", None)
   kw.setdefault("gen", {})
   kw.setdefault("tight", False)
+  kw.setdefault("enable_minibatching", False)
   CASES.append(kw)
 
 
@@ -270,6 +271,42 @@ case(name="mean_zero_weight_sum", topology=(1, 1, 2),
      weights={"f": [[1.0, -1.0], [2.0, -1.0, -1.0], [0.0], [0.5, 0.25]]})
 
 
+# Minibatching cases (enable_minibatching=True) are written to
+# <out>/minibatching/: their layout differs (REFERENCE.md §3), so the plain
+# fixture test does not read them.
+
+# 24. Forced minibatching: small limits, 1x2, ragged sum.
+case(name="mb_t1x2_forced", topology=(1, 1, 2),
+     tables=[T("t", 256, 8, max_ids=8, max_unique=8)], features=[F("f", "t", 16, 8)],
+     enable_minibatching=True)
+
+# 25. Minibatching enabled, limits never exceeded: M=1 with the minibatching layout.
+case(name="mb_t1x4_m1", topology=(1, 1, 4),
+     tables=[T("t", 300, 8, combiner="mean", max_ids=64, max_unique=64)],
+     features=[F("f", "t", 32, 6)], enable_minibatching=True)
+
+# 26. Forced, 2 local devices x 4 SCs, weighted mean, skewed ids.
+case(name="mb_t2x4_l2_weighted_mean", topology=(2, 2, 4),
+     tables=[T("t", 4000, 8, combiner="mean", max_ids=10, max_unique=9)],
+     features=[F("f", "t", 128, 8)], weighted=True, enable_minibatching=True,
+     gen=dict(a=1.3, hot_frac=0.1))
+
+# 27. Forced in one stack only: the split applies to every stack (two stacks,
+#     feature stacking in one of them).
+case(name="mb_two_stacks_featstack", topology=(1, 1, 2),
+     tables=[T("hot", 400, 8, max_ids=10, max_unique=10),
+             T("cold", 64, 16, combiner="sqrtn")],
+     features=[F("h2", "hot", 32, 6), F("c", "cold", 16, 3), F("h1", "hot", 16, 4)],
+     enable_minibatching=True)
+
+# 28. One hot row alone exceeds max_ids: its bucket cannot be split, so the
+#     excess is dropped (allow_id_dropping) per (partition, minibatch).
+case(name="mb_drop_single_bucket", topology=(1, 1, 2),
+     tables=[T("t", 128, 8, max_ids=3, max_unique=3)], features=[F("f", "t", 32, 5)],
+     input_format="dense", allow_id_dropping=True, enable_minibatching=True,
+     gen=dict(a=1.05, hot_frac=0.9))
+
+
 # --------------------------------------------------------------------------
 # Building specs and inputs
 # --------------------------------------------------------------------------
@@ -405,7 +442,8 @@ def run_reference(c, feats_specs, inputs, allow_id_dropping):
   G, L, S = c["topology"]
   args, wts = to_reference_args(c, inputs)
   kw = dict(local_device_count=L, global_device_count=G, num_sc_per_device=S,
-            allow_id_dropping=allow_id_dropping, has_leading_dimension=False)
+            allow_id_dropping=allow_id_dropping, has_leading_dimension=False,
+            enable_minibatching=c["enable_minibatching"])
   if c["input_format"] == "sparse_coo":
     idx, vals, shapes = args
     return embedding.preprocess_sparse_dense_matmul_input_from_sparse_tensor(
@@ -448,6 +486,37 @@ def masks_for_stack(rp, n_coo, G, L, S):
       for p in range(N, rp_sc):
         assert int(blk[p]) == min(roundup8(prev), slot), (blk, prev)
   return covered, filler
+
+
+def masks_for_minibatched_stack(rp, n_coo, G, L, S, M):
+  """Covered/filler masks of the minibatching layout (absolute pointers).
+
+  Per device, row-pointer block k = sc*M + mb holds max(N, 8) absolute
+  exclusive ends; segments follow each other, each partition 8-aligned.
+  Blocks k >= S*M and the buffer tail are left uninitialised by the reference.
+  """
+  N = G * S
+  B = max(N, 8)
+  rp_dev = len(rp) // L
+  coo_dev = n_coo // L
+  assert rp_dev == B * 64 * S, (rp_dev, B, S)
+  covered = np.zeros(n_coo, bool)
+  filler = np.zeros(n_coo, bool)
+  used = np.zeros(len(rp), bool)
+  for d in range(L):
+    prev = 0
+    for k in range(S * M):
+      blk = rp[d * rp_dev + k * B:d * rp_dev + (k + 1) * B]
+      used[d * rp_dev + k * B:d * rp_dev + (k + 1) * B] = True
+      for p in range(N):
+        start, end = roundup8(prev), int(blk[p])
+        assert start <= end <= coo_dev, (d, k, p, start, end, coo_dev)
+        covered[d * coo_dev + start:d * coo_dev + end] = True
+        filler[d * coo_dev + end:d * coo_dev + min(roundup8(end), coo_dev)] = True
+        prev = end
+      for p in range(N, B):
+        assert int(blk[p]) == min(roundup8(prev), coo_dev), (blk, prev)
+  return covered, filler, used
 
 
 def spec_json(feats_specs):
@@ -511,7 +580,14 @@ def make_case(c, outdir):
   if not c["allow_id_dropping"]:
     probe_specs = build_specs(c, limits_override)
     _, pst = run_reference(c, probe_specs, inputs, True)
-    check_within_limits(c, probe_specs, pst)
+    if c["enable_minibatching"]:
+      # Minibatching aborts only when one bucket alone exceeds a limit, which
+      # the dropping probe reveals as drops.
+      if any(int(v) for v in pst.id_drop_counters.values()):
+        raise SystemExit(f"case {c['name']}: a bucket exceeds the limits; the "
+                         "reference would abort")
+    else:
+      check_within_limits(c, probe_specs, pst)
   specs = build_specs(c, limits_override)
   pin, stats = run_reference(c, specs, inputs, c["allow_id_dropping"])
   m = pin.sparse_dense_matmul_input
@@ -526,6 +602,7 @@ def make_case(c, outdir):
   # The reference returns stacks in (per-process randomised) hash-map order;
   # record them sorted so the files are deterministic.
   stack_order = sorted(m.lhs_row_pointers.keys())
+  num_mb = int(np.asarray(pin.num_minibatches).ravel()[0])
   sizes = {}
   for s in stack_order:
     rp = np.asarray(m.lhs_row_pointers[s])
@@ -535,7 +612,12 @@ def make_case(c, outdir):
     assert rp.dtype == np.int32 and eid.dtype == np.int32
     assert sid.dtype == np.int32 and gn.dtype == np.float32
     assert eid.shape == sid.shape == gn.shape and rp.ndim == 1
-    covered, filler = masks_for_stack(rp, eid.size, G, L, S)
+    if c["enable_minibatching"]:
+      covered, filler, used = masks_for_minibatched_stack(rp, eid.size, G, L, S,
+                                                          num_mb)
+      rp = np.where(used, rp, 0).astype(np.int32)
+    else:
+      covered, filler = masks_for_stack(rp, eid.size, G, L, S)
     # Sanity: filler really is INT32_MAX / NaN.
     assert np.all(eid[filler] == INT32_MAX) and np.all(sid[filler] == INT32_MAX)
     assert np.all(np.isnan(gn[filler]))
@@ -582,17 +664,21 @@ def make_case(c, outdir):
       activation_mem_bytes_limit=c["act_limit"],
       allow_id_dropping=c["allow_id_dropping"],
       input_format=c["input_format"], weighted=c["weighted"],
+      enable_minibatching=c["enable_minibatching"], num_minibatches=num_mb,
       result_stacking=spec_json(specs),
       stack_order=stack_order,
       buffer_sizes=sizes,
       num_minibatches_dtype=str(arrays["num_minibatches"].dtype),
       stats=stats_json)
+  if c["enable_minibatching"]:
+    outdir = os.path.join(outdir, "minibatching")
+    os.makedirs(outdir, exist_ok=True)
   np.savez_compressed(os.path.join(outdir, c["name"] + ".npz"), **arrays)
   with open(os.path.join(outdir, c["name"] + ".json"), "w") as fh:
     json.dump(meta, fh, indent=1, sort_keys=False)
     fh.write("\n")
   drops = {s: v["id_drop_counters"] for s, v in stats_json.items()}
-  print(f"{c['name']}: stacks={stack_order} drops={drops}")
+  print(f"{c['name']}: stacks={stack_order} drops={drops} minibatches={num_mb}")
 
 
 def main():

@@ -49,6 +49,13 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--batches", type=int, default=3, help="distinct batches (default 3)")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="write results here")
+    p.add_argument(
+        "--minibatching", choices=("off", "on", "forced"), default="off",
+        help="off: no minibatching (default); on: enable_minibatching with the calibrated "
+             "limits (never triggered); forced: limits halved after calibration so every "
+             "batch is split (dropping allowed for rows one bucket cannot hold, buffers "
+             "doubled for the extra alignment)",
+    )
     p.add_argument("--batch-size", type=int, default=None, help=argparse.SUPPRESS)
     p.set_defaults(run=run)
     _bench_step.add_parser(kinds)
@@ -79,10 +86,14 @@ def run(args: argparse.Namespace) -> int:
 
     probe = PeakProbe.start()  # from here on: calibration, warm-up and timed calls
     plan, _ = calibrate(plan, batches, num_threads=args.threads)
+    plan = _with_minibatching(plan, args.minibatching)
+    num_minibatches: list[int] = []
 
     def call(i: int) -> tc.PreprocessedBatch:
         out, stats = tc.preprocess(plan, batches[i % len(batches)], num_threads=args.threads)
-        if stats.dropped_ids:  # cannot happen: calibrated on these batches, dropping off
+        num_minibatches.append(out.num_minibatches)
+        if stats.dropped_ids and args.minibatching != "forced":
+            # cannot happen: calibrated on these batches, dropping off
             raise RuntimeError(f"bench dropped {stats.dropped_ids} IDs after calibration.")
         return out
 
@@ -106,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
         "batch_size": workload.batch_size,
         "seed": args.seed,
         "stacks": len(plan.stacks),
+        "minibatching": args.minibatching,
+        "num_minibatches_median": statistics.median(num_minibatches),
         "batches": args.batches,
         "warmup": args.warmup,
         "repeats": args.repeats,
@@ -129,6 +142,21 @@ def run(args: argparse.Namespace) -> int:
     if args.json is not None:
         write_json(args.json, result)
     return 0
+
+
+def _with_minibatching(plan: tc.StackingPlan, mode: str) -> tc.StackingPlan:
+    if mode == "off":
+        return plan
+    if mode == "on":
+        return plan.with_config(enable_minibatching=True)
+    for name, stack in plan.stacks.items():
+        suggested = stack.suggested_coo_buffer_size_per_device
+        plan = plan.with_stack_limits(
+            name, max_ids_per_partition=max(1, stack.max_ids_per_partition // 2),
+            max_unique_ids_per_partition=max(1, stack.max_unique_ids_per_partition // 2),
+            suggested_coo_buffer_size_per_device=None if suggested is None else 2 * suggested,
+        )
+    return plan.with_config(enable_minibatching=True, allow_id_dropping=True)
 
 
 def _nbytes(batch: tc.PreprocessedBatch) -> int:

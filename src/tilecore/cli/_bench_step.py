@@ -170,7 +170,11 @@ def _time_fused(plan: tc.StackingPlan, prepped: list[tc.PreprocessedBatch], mesh
 
     sharding = None if mesh is None else jax.sharding.NamedSharding(
         mesh, jax.sharding.PartitionSpec(DEFAULT_AXIS))
-    batches = [jax.device_put(b, sharding) for b in prepped]  # input pipeline: not timed
+    # Input pipeline (not timed): buffers split over the mesh, the minibatch count replicated.
+    replicated = None if mesh is None else jax.sharding.NamedSharding(
+        mesh, jax.sharding.PartitionSpec())
+    batches = [jax.device_put(b, jax.tree.map(lambda x: sharding if np.ndim(x) else replicated, b))
+               for b in prepped]
     n = len(batches)
     state = {"variables": ops.init_tables(plan, jax.random.key(seed), mesh=mesh)}
     forward = fused_forward(plan, mesh)

@@ -33,7 +33,8 @@ def add_parser(subparsers: Any) -> None:
             "Train embedding tables (tilecore ops) plus a DLRM-style dense model on synthetic "
             "click data whose labels come from a hidden model (or --data files): limits tuned "
             "by FDO first, preprocessing prefetched in background threads, periodic held-out "
-            "evaluation (loss, AUC), a checkpoint, a summary (JSON) and PNG plots in --out."),
+            "evaluation (loss, AUC), Orbax checkpoints (--resume continues from them), a summary "
+            "(JSON) and PNG plots in --out."),
     )
     p.add_argument("--steps", type=int, default=1000, help="training steps (default 1000)")
     p.add_argument("--batch-size", type=int, default=None,
@@ -71,6 +72,13 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="data and model seed (default 0)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR",
                    help=f"checkpoint, plots and summary.json go here (default ./{DEFAULT_OUT})")
+    p.add_argument("--checkpoint-every", type=int, default=None, metavar="K",
+                   help="also save a checkpoint every K steps (default: only at the end); "
+                        "the newest 2 are kept in OUT/checkpoint")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the newest checkpoint in OUT/checkpoint, if any (its "
+                        "step, tables, slots, dense parameters and optimizer state); --steps "
+                        "is the total")
     p.add_argument("--json", type=Path, default=None, metavar="PATH",
                    help="write the summary here (default OUT/summary.json)")
     p.add_argument("--profile", type=Path, default=None, metavar="DIR",
@@ -132,11 +140,14 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}.")
     if args.prefetch < 0:
         raise ValueError(f"--prefetch must be >= 0, got {args.prefetch}.")
+    if args.checkpoint_every is not None and args.checkpoint_every < 1:
+        raise ValueError(f"--checkpoint-every must be >= 1, got {args.checkpoint_every}.")
     topology = _topology(args)
     status = _ensure_devices(topology.global_devices, _argv(args, topology))
     if status is not None:
         return status
     from tilecore import training
+    from tilecore.checkpoint import CheckpointMismatchError
 
     source = _source(args)
     optimizer = OPTIMIZERS[args.optimizer](
@@ -148,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
         prefetch=args.prefetch, tune_batches=args.tune_batches, tune_headroom=args.headroom,
         pipelining=args.pipelining, num_threads=args.threads, seed=args.seed,
         profile_dir=args.profile, checkpoint_dir=args.out / "checkpoint",
+        checkpoint_every=args.checkpoint_every, resume=args.resume,
     )
     print(f"tilecore train: {len(source.features)} features, {source.num_dense} dense, batch "
           f"{source.batch_size}, {args.steps} steps on {topology} (devices x SparseCores)",
@@ -157,11 +169,18 @@ def run(args: argparse.Namespace) -> int:
     except training.NonFiniteLossError as error:
         print(f"tilecore train: error: {error}", file=sys.stderr)
         return 1
+    except CheckpointMismatchError as error:
+        print(f"tilecore train: error: cannot resume, the model differs from the checkpoint "
+              f"(same --vocab-sizes, --embedding-dim and --optimizer as the saved run?). "
+              f"{error}", file=sys.stderr)
+        return 2
     summary = result.summary
     print(summary.format())
     write_file(args.out / "loss_auc.png", training.plot_curves(summary))
     write_file(args.out / "partition_load.png", training.plot_partition_load(summary))
     print(f"wrote {args.out / 'loss_auc.png'} and {args.out / 'partition_load.png'}")
+    if summary.start_step:
+        print(f"resumed from step {summary.start_step}")
     print(f"checkpoint {summary.checkpoint}")
     if args.profile is not None:
         print(f"profile trace in {args.profile} (open with TensorBoard or ui.perfetto.dev)")
@@ -172,11 +191,12 @@ def run(args: argparse.Namespace) -> int:
 def _argv(args: argparse.Namespace, topology: tc.Topology) -> list[str]:
     """The command line that reproduces `args` (for re-running in a child process)."""
     argv = ["train", "--topology", f"{topology.global_devices}x{topology.sc_per_device}",
-            "--pipelining" if args.pipelining else "--no-pipelining"]
+            "--pipelining" if args.pipelining else "--no-pipelining",
+            *(["--resume"] if args.resume else [])]
     for flag in ("steps", "batch_size", "eval_every", "eval_batches", "optimizer",
                  "learning_rate", "dense_learning_rate", "embedding_dim", "vocab_sizes",
                  "prefetch", "threads", "tune_batches", "headroom", "data", "seed", "out",
-                 "json", "profile"):
+                 "json", "profile", "checkpoint_every"):
         value = getattr(args, flag)
         if value is not None:
             argv += [f"--{flag.replace('_', '-')}", str(value)]

@@ -57,10 +57,11 @@ def embed(
         return with_probe(probe), None
 
     # Under an explicitly sharded mesh a cotangent must carry its input's sharding.
-    explicit = mesh is not None and (
-        mesh.axis_types[mesh.axis_names.index(axis)] == jax.sharding.AxisType.Explicit)
-    specs = ({name: NamedSharding(mesh, jax.typeof(p).sharding.spec) for name, p in probe.items()}
-             if explicit else {})
+    specs: dict[str, NamedSharding] = {}
+    if mesh is not None and (
+            mesh.axis_types[mesh.axis_names.index(axis)] == jax.sharding.AxisType.Explicit):
+        specs = {name: NamedSharding(mesh, jax.typeof(p).sharding.spec)
+                 for name, p in probe.items()}
 
     def backward(_: None, grads: dict[str, jax.Array]) -> tuple[dict[str, jax.Array]]:
         return ({name: jax.reshard(g, specs[name]) if specs else g for name, g in grads.items()},)

@@ -25,6 +25,11 @@ class StackLayout:
         of its slot covering that device's partitions).
       dim: padded embedding width.
       quantization: simulated quantization of the looked-up rows, if any.
+      minibatched: the buffers use the minibatched layout (`enable_minibatching`):
+        `64·S` pointer blocks of `pointers_per_sc`, absolute pointers, segments
+        packed back to back (see `_minibatching`).
+      partition_span: `roundup8(max_ids_per_partition)`, the most entries (with
+        alignment) one partition holds in one pass or one minibatch.
     """
 
     name: str
@@ -37,6 +42,8 @@ class StackLayout:
     capacity: int
     dim: int
     quantization: QuantizationConfig | None = None
+    minibatched: bool = False
+    partition_span: int = 8
 
     @property
     def num_partitions(self) -> int:
@@ -53,7 +60,8 @@ def stack_layouts(plan: StackingPlan) -> dict[str, StackLayout]:
     n, s = topo.num_partitions, topo.sc_per_device
     layouts = {}
     for name, stack in plan.stacks.items():
-        slot = coo_buffer_size_per_device(stack, topo) // s
+        minibatched = plan.config.enable_minibatching
+        slot = coo_buffer_size_per_device(stack, topo, enable_minibatching=minibatched) // s
         layouts[name] = StackLayout(
             name=name, num_devices=topo.global_devices, sc_per_device=s,
             rows_per_shard=stack.vocab_size // n,
@@ -61,5 +69,7 @@ def stack_layouts(plan: StackingPlan) -> dict[str, StackLayout]:
             pointers_per_sc=row_pointers_size_per_device(topo) // s, slot=slot,
             capacity=min(slot, s * round_up(stack.max_ids_per_partition, 8)),
             dim=stack.embedding_dim, quantization=stack.quantization,
+            minibatched=minibatched,
+            partition_span=round_up(stack.max_ids_per_partition, 8),
         )
     return layouts

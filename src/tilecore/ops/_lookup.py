@@ -14,12 +14,25 @@ from . import _checks as checks
 from ._activations import unstack_activations
 from ._checks import quantize
 from ._cpu_kernels import lookup_buffers, use_cpu_kernels
+from ._cpu_minibatched import lookup_minibatched_buffers
 from ._ffi import gather_pool
 from ._layout import StackLayout, stack_layouts
+from ._minibatching import MAX_MINIBATCHES, check_sizes, minibatch_windows
 from ._routing import Entries, exchange, slot_entries, windows_by_device
 from ._variables import EmbeddingVariables
 
 DEFAULT_AXIS = "sparsecore"
+
+
+FlatBuffers = tuple[jax.Array, jax.Array, jax.Array, jax.Array]
+"""One device's `(row_pointers, embedding_ids, sample_ids, gains)`, each 1-D."""
+
+
+def flat_buffers(buffers: StackBuffers) -> FlatBuffers:
+    """One device's `(row_pointers, embedding_ids, sample_ids, gains)`, flattened."""
+    rp, eids, sids, gains = (jnp.asarray(x).reshape(-1) for x in (
+        buffers.row_pointers, buffers.embedding_ids, buffers.sample_ids, buffers.gains))
+    return rp, eids, sids, gains
 
 
 def received_entries(buffers: StackBuffers, layout: StackLayout, axis: str | None) -> Entries:
@@ -27,13 +40,22 @@ def received_entries(buffers: StackBuffers, layout: StackLayout, axis: str | Non
 
     With one device that is the whole slot (`[1, S, slot]`), without communication.
     """
-    rp, eids, sids, gains = (jnp.reshape(x, -1) for x in (
-        buffers.row_pointers, buffers.embedding_ids, buffers.sample_ids, buffers.gains))
+    rp, eids, sids, gains = flat_buffers(buffers)
     entries = slot_entries(rp, eids, sids, gains, layout)
     if layout.num_devices == 1:
         return Entries(*(x[None] for x in entries))
     assert axis is not None
     return exchange(windows_by_device(entries, rp, layout), axis)
+
+
+def received_minibatch(flat: FlatBuffers, layout: StackLayout, axis: str | None,
+                       minibatch: jax.Array, num_minibatches: jax.Array) -> Entries:
+    """`received_entries` of one minibatch of minibatched buffers (`[G, S, K]` windows)."""
+    entries = minibatch_windows(*flat, layout, minibatch, num_minibatches)
+    if layout.num_devices == 1:
+        return entries
+    assert axis is not None
+    return exchange(entries, axis)
 
 
 def local_rows(entries: Entries, layout: StackLayout, axis: str | None) -> jax.Array:
@@ -50,13 +72,9 @@ def sample_segments(entries: Entries, layout: StackLayout) -> jax.Array:
     return jnp.where(entries.valid, source * b + entries.sample_ids, g * s * b)
 
 
-def lookup_stack(buffers: StackBuffers, table: jax.Array, layout: StackLayout,
-                 axis: str | None = None) -> jax.Array:
-    """One device's stacked activations `[S·samples_per_sc, dim]` (inside shard_map if G>1)."""
-    cpu = use_cpu_kernels() and layout.quantization is None
-    if layout.num_devices == 1 and cpu:
-        return lookup_buffers(buffers, table, layout)
-    entries = received_entries(buffers, layout, axis)
+def pool_entries(entries: Entries, table: jax.Array, layout: StackLayout, axis: str | None,
+                 cpu: bool) -> jax.Array:
+    """This device's `[S·samples_per_sc, dim]` activations from the entries it received."""
     g, per_device = entries.valid.shape[0], layout.sc_per_device * layout.samples_per_sc
     rows = local_rows(entries, layout, axis).reshape(-1)
     segments = sample_segments(entries, layout).reshape(-1)
@@ -74,6 +92,38 @@ def lookup_stack(buffers: StackBuffers, table: jax.Array, layout: StackLayout,
     return jax.lax.all_to_all(pooled, axis, 0, 0, tiled=True).sum(0)
 
 
+def lookup_stack(buffers: StackBuffers, table: jax.Array, layout: StackLayout,
+                 axis: str | None = None, num_minibatches: jax.Array | int = 1) -> jax.Array:
+    """One device's stacked activations `[S·samples_per_sc, dim]` (inside shard_map if G>1).
+
+    Minibatched buffers are read one minibatch at a time (a loop of `num_minibatches`
+    passes with static shapes, one all-to-all each), accumulating the activations.
+    """
+    cpu = use_cpu_kernels() and layout.quantization is None
+    if layout.minibatched:
+        return _lookup_minibatched(buffers, table, layout, axis, num_minibatches, cpu)
+    if layout.num_devices == 1 and cpu:
+        return lookup_buffers(buffers, table, layout)
+    return pool_entries(received_entries(buffers, layout, axis), table, layout, axis, cpu)
+
+
+def _lookup_minibatched(buffers: StackBuffers, table: jax.Array, layout: StackLayout,
+                        axis: str | None, num_minibatches: jax.Array | int, cpu: bool
+                        ) -> jax.Array:
+    flat = flat_buffers(buffers)
+    check_sizes(flat[0], flat[1], layout)
+    count = jnp.clip(jnp.asarray(num_minibatches, jnp.int32).reshape(()), 1, MAX_MINIBATCHES)
+    if layout.num_devices == 1 and cpu:
+        return lookup_minibatched_buffers(flat, count, table, layout)
+
+    def body(minibatch: jax.Array, total: jax.Array) -> jax.Array:
+        entries = received_minibatch(flat, layout, axis, minibatch, count)
+        return total + pool_entries(entries, table, layout, axis, cpu)
+
+    zeros = jnp.zeros((layout.sc_per_device * layout.samples_per_sc, table.shape[1]), table.dtype)
+    return jax.lax.fori_loop(0, count, body, zeros)
+
+
 def on_mesh(mesh: Mesh, axis: str, *trees: object) -> tuple:
     """The trees' arrays split over `axis` of `mesh` by their leading dimension."""
     spec = NamedSharding(mesh, PartitionSpec(axis))
@@ -81,6 +131,16 @@ def on_mesh(mesh: Mesh, axis: str, *trees: object) -> tuple:
     place = (lambda x: jax.reshard(x, spec)) if explicit else (
         lambda x: jax.lax.with_sharding_constraint(x, spec))
     return tuple(jax.tree.map(place, tree) for tree in trees)
+
+
+def num_minibatches_of(batch: PreprocessedBatch) -> jax.Array:
+    """The batch's minibatch count as an int32 scalar (traced under jit: no recompilation).
+
+    The reference system keeps one count per local device (`[local_devices]`); every
+    device runs the same number of minibatches, so any entry will do.
+    """
+    count = jnp.asarray(batch.num_minibatches, jnp.int32)
+    return count.reshape(-1)[0] if count.ndim else count
 
 
 def _table_of(value: EmbeddingVariables | jax.Array) -> jax.Array:
@@ -119,11 +179,12 @@ def lookup(
     if mesh is None and devices != 1:
         raise ValueError(f"The plan spans {devices} devices; pass the mesh they form.")
 
-    def per_device(buffers: Mapping[str, StackBuffers], tabs: Mapping[str, jax.Array]
-                   ) -> dict[str, jax.Array]:
+    def per_device(buffers: Mapping[str, StackBuffers], tabs: Mapping[str, jax.Array],
+                   num_minibatches: jax.Array) -> dict[str, jax.Array]:
         out: dict[str, jax.Array] = {}
         for name, layout in layouts.items():
-            block = lookup_stack(buffers[name], tabs[name], layout, None if mesh is None else axis)
+            block = lookup_stack(buffers[name], tabs[name], layout, None if mesh is None else axis,
+                                 num_minibatches)
             if check_finite:
                 checks.check_finite(block, stack=name, what="activations")
             out.update({name: block} if stacked else
@@ -131,13 +192,15 @@ def lookup(
         return out
 
     tabs = {name: _table_of(tables[name]) for name in layouts}
+    count = num_minibatches_of(batch)
     if mesh is None:
-        return per_device(batch.stacks, tabs)
+        return per_device(batch.stacks, tabs, count)
     sharded = jax.shard_map(
         per_device, mesh=mesh,
-        in_specs=(PartitionSpec(axis), PartitionSpec(axis)), out_specs=PartitionSpec(axis),
-        check_vma=False,
+        in_specs=(PartitionSpec(axis), PartitionSpec(axis), PartitionSpec()),
+        out_specs=PartitionSpec(axis), check_vma=False,
     )
-    return sharded(*on_mesh(mesh, axis, dict(batch.stacks), tabs))
+    stacks, tabs = on_mesh(mesh, axis, dict(batch.stacks), tabs)
+    return sharded(stacks, tabs, count)
 
 

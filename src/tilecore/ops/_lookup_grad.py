@@ -16,8 +16,19 @@ from . import _checks as checks
 from ._activations import stack_gradients
 from ._cpu_kernels import row_gradients as cpu_row_gradients
 from ._cpu_kernels import row_gradients_buffers, use_cpu_kernels
+from ._cpu_minibatched import minibatch_row_gradients_buffers
 from ._layout import StackLayout, stack_layouts
-from ._lookup import DEFAULT_AXIS, local_rows, on_mesh, received_entries
+from ._lookup import (
+    DEFAULT_AXIS,
+    flat_buffers,
+    local_rows,
+    num_minibatches_of,
+    on_mesh,
+    received_entries,
+    received_minibatch,
+)
+from ._minibatching import MAX_MINIBATCHES, check_sizes
+from ._routing import Entries
 from ._sparse_update import apply_sparse_update
 from ._variables import EmbeddingVariables
 
@@ -41,17 +52,37 @@ def row_gradients(rows: jax.Array, values: jax.Array, sentinel: int
 
 def lookup_grad_stack(buffers: StackBuffers, grads: jax.Array, variables: EmbeddingVariables,
                       layout: StackLayout, optimizer: OptimizerSpec, step: Any,
-                      axis: str | None = None, clip: tuple[float, float] | None = None
-                      ) -> EmbeddingVariables:
-    """Update one device's shard of a stack from its stacked activation gradients."""
+                      axis: str | None = None, clip: tuple[float, float] | None = None,
+                      num_minibatches: jax.Array | int = 1) -> EmbeddingVariables:
+    """Update one device's shard of a stack from its stacked activation gradients.
+
+    Minibatched buffers are applied one minibatch at a time (the optimizer runs once
+    per minibatch, on that minibatch's rows, as on the reference system).
+    """
+    if layout.minibatched:
+        return _lookup_grad_minibatched(buffers, grads, variables, layout, optimizer, step, axis,
+                                        clip, num_minibatches)
     if layout.num_devices == 1 and use_cpu_kernels():
         unique, sums, count = row_gradients_buffers(buffers, grads, layout)
         return apply_sparse_update(variables, unique, sums, optimizer, step, clip=clip,
                                    count=count)
     entries = received_entries(buffers, layout, axis)
+    return _update_from_entries(entries, _all_grads(grads, layout, axis), variables, layout,
+                                optimizer, step, axis, clip)
+
+
+def _all_grads(grads: jax.Array, layout: StackLayout, axis: str | None) -> jax.Array:
+    """`[G·S·samples, dim]`: the activation gradients of every source device."""
     if layout.num_devices > 1:
-        grads = jax.lax.all_gather(grads, axis)  # [G, S·samples, dim]: every source's grads
-    grads = grads.reshape(-1, layout.dim)
+        grads = jax.lax.all_gather(grads, axis)  # [G, S·samples, dim]
+    return grads.reshape(-1, layout.dim)
+
+
+def _update_from_entries(entries: Entries, grads: jax.Array, variables: EmbeddingVariables,
+                         layout: StackLayout, optimizer: OptimizerSpec, step: Any,
+                         axis: str | None, clip: tuple[float, float] | None
+                         ) -> EmbeddingVariables:
+    """Sum the received entries' gradients per row and apply the optimizer to those rows."""
     g, s, b = entries.valid.shape[0], layout.sc_per_device, layout.samples_per_sc
     source = jnp.arange(g * s, dtype=jnp.int32).reshape(g, s, 1)
     sample = jnp.where(entries.valid, source * b + entries.sample_ids, 0).reshape(-1)
@@ -60,12 +91,36 @@ def lookup_grad_stack(buffers: StackBuffers, grads: jax.Array, variables: Embedd
         unique, sums, count = cpu_row_gradients(rows, sample, entries.gains.reshape(-1), grads)
         return apply_sparse_update(variables, unique, sums, optimizer, step, clip=clip,
                                    count=count)
-    else:
-        values = grads[sample] * entries.gains.reshape(-1, 1)
-        sentinel = layout.rows_per_device
-        rows = jnp.where(entries.valid, local_rows(entries, layout, axis), sentinel).reshape(-1)
-        unique, sums = row_gradients(rows, values, sentinel)
+    values = grads[sample] * entries.gains.reshape(-1, 1)
+    sentinel = layout.rows_per_device
+    rows = jnp.where(entries.valid, local_rows(entries, layout, axis), sentinel).reshape(-1)
+    unique, sums = row_gradients(rows, values, sentinel)
     return apply_sparse_update(variables, unique, sums, optimizer, step, clip=clip)
+
+
+def _lookup_grad_minibatched(buffers: StackBuffers, grads: jax.Array,
+                             variables: EmbeddingVariables, layout: StackLayout,
+                             optimizer: OptimizerSpec, step: Any, axis: str | None,
+                             clip: tuple[float, float] | None, num_minibatches: jax.Array | int
+                             ) -> EmbeddingVariables:
+    flat = flat_buffers(buffers)
+    check_sizes(flat[0], flat[1], layout)
+    count = jnp.clip(jnp.asarray(num_minibatches, jnp.int32).reshape(()), 1, MAX_MINIBATCHES)
+    single_cpu = layout.num_devices == 1 and use_cpu_kernels()
+    grads = grads.reshape(-1, layout.dim) if single_cpu else _all_grads(grads, layout, axis)
+
+    def body(minibatch: jax.Array, variables: EmbeddingVariables) -> EmbeddingVariables:
+        if single_cpu:
+            unique, sums, distinct = minibatch_row_gradients_buffers(
+                flat, grads, layout, minibatch, count)
+            return apply_sparse_update(variables, unique, sums, optimizer, step, clip=clip,
+                                       count=distinct)
+        entries = received_minibatch(flat, layout, axis, minibatch, count)
+        return _update_from_entries(entries, grads, variables, layout, optimizer, step, axis,
+                                    clip)
+
+    return jax.lax.fori_loop(0, count, body, EmbeddingVariables(variables.table,
+                                                                 tuple(variables.slots)))
 
 
 def lookup_grad(
@@ -109,7 +164,8 @@ def lookup_grad(
         raise ValueError(f"clip names unknown stacks {unknown}; stacks: {sorted(layouts)}.")
 
     def per_device(buffers: Mapping[str, StackBuffers], tables: Mapping[str, EmbeddingVariables],
-                   grads: Mapping[str, jax.Array], step: Any) -> dict[str, EmbeddingVariables]:
+                   grads: Mapping[str, jax.Array], step: Any, num_minibatches: jax.Array
+                   ) -> dict[str, EmbeddingVariables]:
         def one_stack(name: str) -> Callable[[Any], EmbeddingVariables]:
             layout = layouts[name]
 
@@ -119,7 +175,7 @@ def lookup_grad(
                          stack_gradients(plan, name, dict(stack_grads), layout))
                 new = lookup_grad_stack(
                     stack_buffers, block, stack_variables, layout, plan.stacks[name].optimizer,
-                    step, None if mesh is None else axis, clip.get(name),
+                    step, None if mesh is None else axis, clip.get(name), num_minibatches,
                 )
                 if check_finite:
                     for array in (new.table, *new.slots):
@@ -142,12 +198,14 @@ def lookup_grad(
 
     tables = {name: variables[name] for name in layouts}
     step = jnp.asarray(step, jnp.int32)  # one compiled program whatever the step's Python type
+    count = num_minibatches_of(batch)
     if mesh is None:
-        return per_device(batch.stacks, tables, activation_grads, step)
+        return per_device(batch.stacks, tables, activation_grads, step, count)
     sharded = jax.shard_map(
         per_device, mesh=mesh,
-        in_specs=(PartitionSpec(axis), PartitionSpec(axis), PartitionSpec(axis), PartitionSpec()),
+        in_specs=(PartitionSpec(axis), PartitionSpec(axis), PartitionSpec(axis), PartitionSpec(),
+                  PartitionSpec()),
         out_specs=PartitionSpec(axis), check_vma=False,
     )
     stacks, tables, grads = on_mesh(mesh, axis, dict(batch.stacks), tables, dict(activation_grads))
-    return sharded(stacks, tables, grads, step)
+    return sharded(stacks, tables, grads, step, count)

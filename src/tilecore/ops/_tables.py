@@ -71,24 +71,49 @@ def _default_initializer(dim: int):
     return jax.nn.initializers.truncated_normal(stddev=1.0 / np.sqrt(dim))
 
 
-@functools.cache
-def _shard_initializer(init: Initializer, rows: int, dim: int) -> Callable[[jax.Array], jax.Array]:
-    """`keys[N] -> [N, rows, dim]`: `init` called once per shard key (compiled once)."""
-    return jax.jit(jax.vmap(lambda key: jnp.asarray(init(key, (rows, dim), jnp.float32))))
+StackSignature = tuple[int, tuple[tuple[Initializer, int], ...]]
 
 
-def _init_stack(plan: StackingPlan, stack: str, key: jax.Array) -> jax.Array:
-    """The stack's `[N·R, dim]` table; every table's initializer runs per shard key."""
+def _stack_signature(plan: StackingPlan, stack: str) -> StackSignature:
+    """What the stack's initial values depend on besides the key: its padded dim and,
+    per table in stack order, the initializer and the rows per partition shard."""
     spec = plan.stacks[stack]
     n = plan.num_partitions
-    keys = jax.random.split(key, n)
     parts = []
     for table_name in spec.table_names:
         table = plan.tables[table_name]
-        rows = plan.table_settings[table_name].padded_vocab_size // n
         init = table.initializer or _default_initializer(table.embedding_dim)
-        parts.append(_shard_initializer(init, rows, spec.embedding_dim)(keys))
-    return jnp.concatenate(parts, axis=1).reshape(spec.vocab_size, spec.embedding_dim)
+        parts.append((init, plan.table_settings[table_name].padded_vocab_size // n))
+    return spec.embedding_dim, tuple(parts)
+
+
+@functools.cache
+def _plan_initializer(num_partitions: int, stacks: tuple[StackSignature, ...]
+                      ) -> Callable[[jax.Array], tuple[jax.Array, ...]]:
+    """`key -> (table per stack)`, every stack in one compiled program (cached per layout).
+
+    The key is split once per stack and each stack's key once per partition shard;
+    every table's initializer runs per shard key with shape `(rows, dim)` under
+    `lax.map` (vmapping threefry compiles several times slower on CPU), and the
+    shards' rows (tables side by side) are laid out as `[N·R, dim]`.
+    """
+
+    def init_all(key: jax.Array) -> tuple[jax.Array, ...]:
+        out = []
+        for stack_key, (dim, parts) in zip(jax.random.split(key, len(stacks)), stacks,
+                                           strict=True):
+            shard_keys = jax.random.split(stack_key, num_partitions)
+            blocks = [jax.lax.map(functools.partial(_call, init, (rows, dim)), shard_keys)
+                      for init, rows in parts]
+            table = jnp.concatenate(blocks, axis=1)
+            out.append(table.reshape(-1, dim))
+        return tuple(out)
+
+    return jax.jit(init_all)
+
+
+def _call(init: Initializer, shape: tuple[int, int], key: jax.Array) -> jax.Array:
+    return jnp.asarray(init(key, shape, jnp.float32), jnp.float32)
 
 
 def init_tables(
@@ -103,17 +128,19 @@ def init_tables(
 
     Each table's initializer is called per partition shard with shape
     `(padded_vocab/N, padded_dim)` (padding rows included), one key per shard
-    shared by the stack's tables, as the reference does (the calls are vmapped,
-    so an initializer compiles once per shape). With `on_host` the values are
-    computed on the CPU and then transferred; otherwise on the default device.
+    shared by the stack's tables, as the reference does. All stacks are computed by
+    one jitted program, compiled once per layout (stacks, tables, shard shapes and
+    initializers) and cached: a second call with the same layout does not compile.
+    With `on_host` the values are computed on the CPU and then transferred;
+    otherwise on the default device.
     """
     sharding = None if mesh is None else NamedSharding(mesh, PartitionSpec(axis, None))
-    keys = dict(zip(plan.stacks, jax.random.split(key, len(plan.stacks)), strict=True))
+    initialize = _plan_initializer(
+        plan.num_partitions, tuple(_stack_signature(plan, name) for name in plan.stacks))
+    with jax.default_device(jax.devices("cpu")[0] if on_host else None):
+        tables = initialize(key)
     out = {}
-    for name, spec in plan.stacks.items():
-        device = jax.devices("cpu")[0] if on_host else None
-        with jax.default_device(device):
-            table = _init_stack(plan, name, keys[name])
+    for (name, spec), table in zip(plan.stacks.items(), tables, strict=True):
         table = jax.device_put(table, sharding) if sharding is not None else table
         slots = init_slots(spec.optimizer, (spec.vocab_size, spec.embedding_dim),
                            sharding=sharding)

@@ -21,8 +21,8 @@ from ._types import Ragged as Ragged
 from ._types import StackBuffers as StackBuffers
 
 __all__ = [
-    "Agreement",
     "NUM_THREADS_ENV",
+    "Agreement",
     "FeatureInput",
     "IdDroppingWarning",
     "LimitExceededError",

@@ -32,9 +32,17 @@ def _release(block: np.ndarray) -> None:
             _pooled_bytes += block.nbytes
 
 
+def _size_class(nbytes: int) -> int:
+    """`nbytes` rounded up to one of four sizes per power of two (granule multiples),
+    so arrays whose length varies a little from batch to batch share pooled blocks."""
+    size = -(-max(nbytes, 1) // _GRANULE) * _GRANULE
+    step = max(_GRANULE, 1 << max(0, size.bit_length() - 3))
+    return -(-size // step) * step
+
+
 def _acquire(nbytes: int) -> np.ndarray:
     global _pooled_bytes
-    size = -(-max(nbytes, 1) // _GRANULE) * _GRANULE
+    size = _size_class(nbytes)
     with _lock:
         blocks = _free.get(size)
         if blocks:

@@ -15,8 +15,9 @@ class IdDroppingWarning(UserWarning):
 class LimitExceededError(ValueError):
     """A partition received more IDs than its stack's limits allow, and dropping is off.
 
-    Attributes name the first offending stack, device and partition, the limit,
-    and the observed and allowed values; `stats` holds the whole batch's statistics
+    Attributes name the first offending stack, device and partition (and, when
+    minibatching could not split it further, the hash bucket), the limit, and the
+    observed and allowed values; `stats` holds the whole batch's statistics
     so callers (e.g. limit auto-tuning) can raise the limits and retry.
     """
 
@@ -33,15 +34,21 @@ class LimitExceededError(ValueError):
         num_exceeding: int,
         worst: int,
         stats: PreprocessStats,
+        bucket: int | None = None,
     ) -> None:
         self.stack, self.tables, self.limit = stack, tables, limit
-        self.device, self.partition = device, partition
+        self.device, self.partition, self.bucket = device, partition, bucket
         self.observed, self.allowed = observed, allowed
         self.stats = stats
+        where = f"partition {partition}"
+        pairs = "(device, partition) pairs"
+        if bucket is not None:
+            where = f"partition {partition} from minibatching bucket {bucket} alone"
+            pairs = "(device, partition, minibatch) segments"
         super().__init__(
             f"Stack {stack!r} (tables {', '.join(tables)}): a SparseCore of local device "
-            f"{device} sends {observed} IDs to partition {partition}, above "
-            f"{limit}={allowed} ({num_exceeding} (device, partition) pairs exceed it; the "
+            f"{device} sends {observed} IDs to {where}, above "
+            f"{limit}={allowed} ({num_exceeding} {pairs} exceed it; the "
             f"largest is {worst}). Fix: raise the limit, e.g. "
             f"plan = tilecore.update_preprocessing_parameters(plan, error.stats) or "
             f"TableSpec({limit}={worst}), or allow dropping with "

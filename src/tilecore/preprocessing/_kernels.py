@@ -153,13 +153,15 @@ def radix_pass(entries, gains, entries_out, gains_out, has_weights, shift, digit
 
 @_jit
 def emit(entries, gains, has_weights, sample_gains, combiner, rowbits, num_partitions, max_ids, max_unique,
-         eids, sids, out_gains, row_pointers, ids_out, unique_out):
+         eids, sids, out_gains, row_pointers, ids_out, unique_out, stop_at_limit=False):
     """Merge, count, limit and pack sorted entries into one SparseCore's slot.
 
     Writes every slot entry (kept entries, then NaN/INT32_MAX filler) and every row
     pointer. Returns (required buffer size, dropped raw IDs, IDs that did not fit
-    the slot, merged). Entries past a limit are dropped; the caller decides whether a
-    limit overrun is an error.
+    the slot). Entries past a limit are dropped; the caller decides whether a
+    limit overrun is an error. With `stop_at_limit` (minibatching's speculative
+    pass 1, whose packing is discarded once a limit is exceeded) the first overrun
+    returns (-1, 0, 0) at once, the counts and the slot left incomplete.
     """
     n = entries.shape[0]
     slot = eids.shape[0]
@@ -205,6 +207,8 @@ def emit(entries, gains, has_weights, sample_gains, combiner, rowbits, num_parti
                 last_key = key
             ids += 1
             if ids > max_ids or uniq > max_unique:
+                if stop_at_limit:
+                    return -1, 0, 0
                 dropped += raw
             elif pos >= slot:
                 overflow += 1  # counted once per merged entry, as the reference does

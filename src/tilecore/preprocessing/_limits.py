@@ -9,20 +9,34 @@ from ..stacking import StackingPlan, StackSpec, round_up
 from ._errors import LimitExceededError
 from ._types import PreprocessStats
 
-
-def row_pointers_size_per_device(topology: Topology) -> int:
-    """Row pointers per device: a block of max(N, 8) per SparseCore."""
-    return max(topology.num_partitions, 8) * topology.sc_per_device
+MINIBATCHING_FACTOR = 64
+"""Buffers with minibatching hold up to 64 minibatches (one per hash bucket)."""
 
 
-def coo_buffer_size_per_device(stack: StackSpec, topology: Topology) -> int:
+def row_pointers_size_per_device(topology: Topology, *, enable_minibatching: bool = False
+                                 ) -> int:
+    """Row pointers per device: a block of max(N, 8) per SparseCore (and minibatch).
+
+    With minibatching, room for 64 minibatches: `max(N, 8)·64·S`, as on the
+    reference system (blocks past the batch's minibatches repeat the last end).
+    """
+    factor = MINIBATCHING_FACTOR if enable_minibatching else 1
+    return max(topology.num_partitions, 8) * factor * topology.sc_per_device
+
+
+def coo_buffer_size_per_device(stack: StackSpec, topology: Topology, *,
+                               enable_minibatching: bool = False) -> int:
     """COO entries per device: the suggested size rounded up to 8·S, else the maximum.
 
-    The maximum, `roundup8(max_ids_per_partition)·S·N`, holds every partition of
-    every SparseCore full to its limit.
+    The maximum, `roundup8(max_ids_per_partition)·S·N` (×64 with minibatching, as
+    on the reference system), holds every partition of every SparseCore full to
+    its limit (in every minibatch). The minibatching maximum is large (64 full
+    minibatches are rare); set `suggested_coo_buffer_size_per_device` (e.g. from
+    `update_preprocessing_parameters`) to size it to what batches need.
     """
     s, n = topology.sc_per_device, topology.num_partitions
-    theoretical = round_up(stack.max_ids_per_partition, 8) * s * n
+    factor = MINIBATCHING_FACTOR if enable_minibatching else 1
+    theoretical = round_up(stack.max_ids_per_partition, 8) * s * n * factor
     suggested = stack.suggested_coo_buffer_size_per_device
     if suggested is None:
         return theoretical
@@ -31,7 +45,9 @@ def coo_buffer_size_per_device(stack: StackSpec, topology: Topology) -> int:
         raise ValueError(
             f"Stack {stack.name!r}: suggested_coo_buffer_size_per_device={suggested} exceeds the "
             f"largest buffer its limits can fill ({theoretical} = roundup8(max_ids_per_partition="
-            f"{stack.max_ids_per_partition})·{s}·{n}). Lower the suggestion or leave it None."
+            f"{stack.max_ids_per_partition})·{s}·{n}"
+            f"{f'·{factor}' if enable_minibatching else ''}). Lower the suggestion or leave "
+            "it None."
         )
     return size
 

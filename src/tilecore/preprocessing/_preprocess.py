@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Mapping
-from concurrent.futures import Future, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 import numpy as np
@@ -13,10 +13,13 @@ import numpy as np
 from ..specs import FeatureSpec
 from ..stacking import StackingPlan, StackSpec
 from . import _kernels as k
+from ._agreement import Agreement, LocalAgreement
 from ._buffers import allocate
 from ._errors import IdDroppingWarning
+from ._highway import NUM_BUCKETS
 from ._inputs import Csr, check_feature_names, to_csr
 from ._limits import check_limits, coo_buffer_size_per_device, row_pointers_size_per_device
+from ._minibatching import Sorted, StackPacking, merge_sorted, pack_minibatches
 from ._scratch import scratch
 from ._threads import pool, resolve_num_threads
 from ._types import PreprocessedBatch, PreprocessStats, Ragged, StackBuffers
@@ -53,6 +56,7 @@ class _StackJob:
     slot: int
     samples_per_sc: int
     sc_per_device: int
+    minibatching: bool
     buffers: StackBuffers
 
 
@@ -64,6 +68,7 @@ class _TaskResult:
     required: int = 0
     dropped: int = 0
     overflow: int = 0
+    sorted: Sorted | None = None
 
 
 def _local_rows(feature: FeatureSpec, plan: StackingPlan) -> int:
@@ -102,16 +107,19 @@ def _make_job(plan: StackingPlan, stack: StackSpec, csrs: Mapping[str, Csr]) -> 
     rowbits = max(1, (stack.vocab_size // n - 1).bit_length())
     total_bits = log2n + rowbits
     passes = -(-total_bits // _RADIX_BITS)
-    coo = coo_buffer_size_per_device(stack, topo)
+    minibatching = plan.config.enable_minibatching
+    coo = coo_buffer_size_per_device(stack, topo, enable_minibatching=minibatching)
     rows, eids, sids, gains = allocate([
-        ((local, row_pointers_size_per_device(topo)), np.int32), ((local, coo), np.int32),
+        ((local, row_pointers_size_per_device(topo, enable_minibatching=minibatching)), np.int32),
+        ((local, coo), np.int32),
         ((local, coo), np.int32), ((local, coo), np.float32),
     ])
     buffers = StackBuffers(row_pointers=rows, embedding_ids=eids, sample_ids=sids, gains=gains)
     return _StackJob(
         stack=stack, parts=tuple(parts), combiner=_COMBINER_CODES[stack.combiner], log2n=log2n,
         rowbits=rowbits, digit_bits=-(-total_bits // passes), passes=passes, slot=coo // s,
-        samples_per_sc=samples_per_sc, sc_per_device=s, buffers=buffers,
+        samples_per_sc=samples_per_sc, sc_per_device=s, minibatching=minibatching,
+        buffers=buffers,
     )
 
 
@@ -135,9 +143,7 @@ def _run_task(job: _StackJob, device: int, sc: int, num_partitions: int, sc_per_
     cursor[0] = 0
     np.cumsum(hist[0][:-1], out=cursor[1:])
     weighted = any(part.csr.weights is not None for part in job.parts)
-    entries = scratch("entries", total, np.uint64)
-    gains = scratch("gains", total if weighted else 0, np.float32)
-    sample_gains = scratch("sample_gains", 0 if weighted else job.samples_per_sc, np.float32)
+    entries, gains, sample_gains, entries2, gains2 = _sort_buffers(job, total, weighted)
     for part in job.parts:
         r0 = slice_index * part.rows_per_sc
         weights = part.csr.weights
@@ -152,22 +158,56 @@ def _run_task(job: _StackJob, device: int, sc: int, num_partitions: int, sc_per_
         if code != k.OK:
             return _TaskResult((code, part, where), ids, unique)
     if job.passes > 1:
-        entries2 = scratch("entries2", len(entries), np.uint64)
-        gains2 = scratch("gains2", len(gains), np.float32)
         for p in range(1, job.passes):
             k.radix_pass(entries, gains, entries2, gains2, weighted, p * job.digit_bits,
                          job.digit_bits, hist[p])
             entries, gains, entries2, gains2 = entries2, gains2, entries, gains
     b = job.buffers
-    block = b.row_pointers.shape[1] // sc_per_device
     slot = slice(sc * job.slot, (sc + 1) * job.slot)
+    if job.minibatching:
+        # Pass 1's packing is speculative: this SparseCore's only minibatch goes to
+        # its slot, moved next to the previous SparseCore's if no split is needed
+        # (`pack_minibatches`). Past a limit a split is certain: packing stops and
+        # the entries are merged for pass 2 instead.
+        block = b.row_pointers.shape[1] // (NUM_BUCKETS * sc_per_device)
+    else:
+        block = b.row_pointers.shape[1] // sc_per_device
+    row_pointers = b.row_pointers[device, sc * block:(sc + 1) * block]
     required, dropped, overflow = k.emit(
-        entries, gains, weighted, sample_gains, job.combiner, job.rowbits, n, job.stack.max_ids_per_partition,
-        job.stack.max_unique_ids_per_partition, b.embedding_ids[device, slot],
-        b.sample_ids[device, slot], b.gains[device, slot],
-        b.row_pointers[device, sc * block:(sc + 1) * block], ids, unique,
+        entries, gains, weighted, sample_gains, job.combiner, job.rowbits, n,
+        job.stack.max_ids_per_partition, job.stack.max_unique_ids_per_partition,
+        b.embedding_ids[device, slot], b.sample_ids[device, slot], b.gains[device, slot],
+        row_pointers, ids, unique, job.minibatching,
     )
+    if job.minibatching:
+        sorted_entries = Sorted(
+            entries=entries, gains=gains, weighted=weighted, sample_gains=sample_gains,
+            combiner=job.combiner, rowbits=job.rowbits, ids=ids, unique=unique,
+            end=int(row_pointers[n - 1]) if n else 0, fits_slot=not overflow)
+        if required < 0:
+            sorted_entries = merge_sorted(sorted_entries)
+            required = int(((ids + 7) & ~7).sum())
+        return _TaskResult(None, ids, unique, int(required), sorted=sorted_entries)
     return _TaskResult(None, ids, unique, int(required), int(dropped), int(overflow))
+
+
+def _sort_buffers(job: _StackJob, total: int, weighted: bool) -> list[np.ndarray]:
+    """(entries, gains, sample_gains, entries2, gains2): the radix sort's ping-pong
+    arrays, per-thread scratch. With minibatching the sorted entries outlive the
+    task (pass 2 may need them): the arrays the last pass writes, and the sample
+    gains, come from one pooled allocation instead."""
+    n_gains = total if weighted else 0
+    specs: list[tuple[str, int, type[np.generic]]] = [
+        ("entries", total, np.uint64), ("gains", n_gains, np.float32),
+        ("sample_gains", 0 if weighted else job.samples_per_sc, np.float32),
+        ("entries2", total if job.passes > 1 else 0, np.uint64),
+        ("gains2", n_gains if job.passes > 1 else 0, np.float32),
+    ]
+    final = (0, 1) if job.passes % 2 else (3, 4)
+    pooled = (*final, 2) if job.minibatching else ()
+    arrays = dict(zip(pooled, allocate([((specs[i][1],), specs[i][2]) for i in pooled]),
+                      strict=True))
+    return [arrays[i] if i in arrays else scratch(*spec) for i, spec in enumerate(specs)]
 
 
 def _task_size(job: _StackJob, device: int, sc: int) -> int:
@@ -240,7 +280,7 @@ def _check_buffers(plan: StackingPlan, stats: PreprocessStats, overflow: Mapping
             required = int(stats.required_buffer_size_per_sc[name].max())
             raise ValueError(
                 f"Stack {name!r}: a SparseCore needs {required} COO entries but the buffer holds "
-                f"{coo_buffer_size_per_device(stack, plan.topology) // plan.topology.sc_per_device}"
+                f"{coo_buffer_size_per_device(stack, plan.topology, enable_minibatching=plan.config.enable_minibatching) // plan.topology.sc_per_device}"
                 f" per SparseCore (suggested_coo_buffer_size_per_device="
                 f"{stack.suggested_coo_buffer_size_per_device}). Raise it (e.g. "
                 "tilecore.update_preprocessing_parameters) or leave it None."
@@ -254,6 +294,8 @@ def preprocess(
     *,
     has_leading_dimension: bool = True,
     num_threads: int | None = None,
+    batch_number: int = 0,
+    agreement: Agreement | None = None,
 ) -> tuple[PreprocessedBatch, PreprocessStats]:
     """Partition, sort, merge and pack one batch of sparse inputs for every stack.
 
@@ -265,14 +307,21 @@ def preprocess(
       weights: optional feature name → per-ID weights shaped like the IDs.
       has_leading_dimension: buffers shaped `[local_devices, size]` (True) or flat.
       num_threads: worker threads; default $TILECORE_NUM_THREADS or the CPU count.
+      batch_number: the batch's number, identical on every process (minibatching
+        agrees on its split per batch).
+      agreement: how processes agree on minibatching (`tilecore.distributed`
+        provides one over JAX's distributed runtime); default `LocalAgreement()`
+        for a single-process plan. Only used with `enable_minibatching`.
 
     Returns:
-      The packed buffers and the batch's statistics (counted before any dropping).
+      The packed buffers and the batch's statistics (counted before any dropping;
+      with minibatching, those of the whole batch, before it is split).
 
     Raises:
       ValueError / TypeError: malformed inputs (names, shapes, dtypes, IDs outside
         the vocabulary, non-finite weights), naming the feature and the value.
-      LimitExceededError: a partition exceeds its limits and dropping is off.
+      LimitExceededError: a partition exceeds its limits and dropping is off
+        (with minibatching: one hash bucket alone exceeds them).
     """
     check_feature_names(plan.features, inputs, "inputs")
     weights = dict(weights or {})
@@ -281,6 +330,8 @@ def preprocess(
         raise ValueError(f"Weights given for unknown features {unknown}.")
     threads = resolve_num_threads(num_threads)
     topo = plan.topology
+    if plan.config.enable_minibatching:
+        agreement = _resolve_agreement(plan, agreement)
     n, s, local = topo.num_partitions, topo.sc_per_device, topo.num_local_devices
 
     def run(task: tuple[_StackJob, int, int]) -> _TaskResult:
@@ -318,12 +369,18 @@ def preprocess(
         if result.error is not None:
             _raise_input_error(*result.error)
     stats, overflow = _collect_stats(jobs, results, local, s, n)
-    if not plan.config.allow_id_dropping:
+    num_minibatches = 1
+    if plan.config.enable_minibatching:
+        assert agreement is not None  # resolved above
+        num_minibatches, stats, overflow = _pack_minibatches(
+            plan, jobs, results, stats, agreement, batch_number, executor)
+    elif not plan.config.allow_id_dropping:
         # Nothing is dropped when the call raises: report the counts, not the drops.
         check_limits(plan, dataclasses.replace(
             stats, id_drop_counters=dict.fromkeys(stats.id_drop_counters, 0)))
+    if not plan.config.allow_id_dropping:
         _check_buffers(plan, stats, overflow)
-    elif stats.dropped_ids:
+    if plan.config.allow_id_dropping and stats.dropped_ids:
         dropped = {name: c for name, c in stats.id_drop_counters.items() if c}
         warnings.warn(
             IdDroppingWarning(
@@ -339,7 +396,60 @@ def preprocess(
                                   for f in dataclasses.fields(b)})
             for name, b in stacks.items()
         }
-    return PreprocessedBatch(stacks=stacks, num_minibatches=1), stats
+    return PreprocessedBatch(stacks=stacks, num_minibatches=num_minibatches), stats
+
+
+def _resolve_agreement(plan: StackingPlan, agreement: Agreement | None) -> Agreement:
+    topo = plan.topology
+    if agreement is None:
+        if topo.num_local_devices != topo.global_devices:
+            raise ValueError(
+                f"Minibatching in a multi-process job (topology {topo}: "
+                f"{topo.num_local_devices} of {topo.global_devices} devices are local) needs "
+                "every process to agree on the split: pass agreement=... from "
+                "tilecore.distributed to tilecore.preprocess."
+            )
+        return LocalAgreement()
+    if not isinstance(agreement, Agreement):
+        raise TypeError(
+            f"agreement must implement tilecore.preprocessing.Agreement (process_count and "
+            f"all_reduce_or), got {type(agreement).__name__}."
+        )
+    return agreement
+
+
+def _pack_minibatches(
+    plan: StackingPlan, jobs: list[_StackJob], results: list[_TaskResult],
+    stats: PreprocessStats, agreement: Agreement, batch_number: int,
+    executor: ThreadPoolExecutor | None,
+) -> tuple[int, PreprocessStats, dict[str, int]]:
+    """Split and pack every stack (pass 2); the stats gain the drops."""
+    per_stack = plan.topology.num_local_devices * plan.topology.sc_per_device
+    packings = []
+    for j, job in enumerate(jobs):
+        merged = [r.sorted for r in results[j * per_stack:(j + 1) * per_stack]]
+        assert all(m is not None for m in merged)
+        packings.append(StackPacking(
+            name=job.stack.name, tables=job.stack.table_names,
+            max_ids=job.stack.max_ids_per_partition,
+            max_unique=job.stack.max_unique_ids_per_partition, rowbits=job.rowbits,
+            log2n=job.log2n, vocab_size=job.stack.vocab_size, buffers=job.buffers,
+            slot=job.slot,
+            sorted=[m for m in merged if m is not None],
+        ))
+
+    def parallel_map(fn: Any, items: Any) -> list[Any]:
+        items = list(items)
+        if executor is None or len(items) < 2:
+            return [fn(x) for x in items]
+        return list(executor.map(fn, items))
+
+    num_minibatches, dropped, overflow = pack_minibatches(
+        packings, sc_per_device=plan.topology.sc_per_device,
+        allow_id_dropping=plan.config.allow_id_dropping, agreement=agreement,
+        batch_number=batch_number, stats=stats, parallel_map=parallel_map)
+    drops = {name: dropped[name] + overflow[name] for name in dropped}
+    return num_minibatches, dataclasses.replace(stats, id_drop_counters=drops), overflow
 
 
 def _collect_stats(

@@ -58,6 +58,13 @@ class StackBuffers:
     each partition relative to the SparseCore's COO slot; partitions start on
     multiples of 8; entries outside the pointed ranges are filler
     (`id = sample = 2³¹−1`, `gain = NaN`).
+
+    With `enable_minibatching` (even for one minibatch) the layout is the
+    reference's minibatching one: per device, `64·S` blocks of P row pointers;
+    block `sc·M + mb` holds the **absolute** exclusive ends (in the device's COO
+    buffer) of minibatch `mb` of SparseCore `sc`; segments are packed SparseCore-
+    major then by minibatch, partitions 8-aligned; blocks past `S·M` repeat the
+    last aligned end and the buffer tail holds filler.
     """
 
     row_pointers: np.ndarray
@@ -68,7 +75,11 @@ class StackBuffers:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PreprocessedBatch:
-    """Device-ready buffers of every stack, plus the number of minibatches."""
+    """Device-ready buffers of every stack, plus the number of minibatches.
+
+    `num_minibatches` is 1 unless `enable_minibatching` split the batch; then it
+    is `popcount(split) + 1`, the same for every stack and process.
+    """
 
     stacks: Mapping[str, StackBuffers]
     num_minibatches: int = 1

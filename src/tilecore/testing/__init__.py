@@ -6,7 +6,11 @@ optimizers, buffer unpacking, and hypothesis strategies.
 buffers back into the same per-(device, SparseCore) `Entries`.
 `reference_lookup`, `reference_row_gradients` and `reference_lookup_grad` compute
 what the device ops must return straight from the raw inputs and per-table arrays;
-`reference_update` is every optimizer's formula. The strategies
+`reference_update` is every optimizer's formula. `unpack_minibatches` reads the
+minibatching layout back per (device, SparseCore, minibatch);
+`reference_split` and `split_into_minibatches` predict it from single-pass
+entries. `repack_minibatched` turns a single-pass batch into minibatched buffers
+for testing the device loop. The strategies
 (`topologies`, `table_specs`, `preprocess_cases`, `PreprocessCase`) need
 `hypothesis` and are imported on first use, so this package works without it.
 """
@@ -21,12 +25,21 @@ from ._device_reference import reference_lookup_grad as reference_lookup_grad
 from ._device_reference import reference_row_gradients as reference_row_gradients
 from ._entries import DeviceSc as DeviceSc
 from ._entries import Entries as Entries
+from ._minibatches import DeviceScMinibatch as DeviceScMinibatch
+from ._minibatches import minibatch_of_buckets as minibatch_of_buckets
+from ._minibatches import reference_split as reference_split
+from ._minibatches import row_bucket as row_bucket
+from ._minibatches import split_into_minibatches as split_into_minibatches
+from ._minibatches import unpack_minibatched_stack as unpack_minibatched_stack
+from ._minibatches import unpack_minibatches as unpack_minibatches
 from ._optimizers import reference_update as reference_update
 from ._reference import FILLER as FILLER
 from ._reference import ReferenceResult as ReferenceResult
 from ._reference import ReferenceStack as ReferenceStack
 from ._reference import preprocess_reference as preprocess_reference
 from ._reference import row_gains as row_gains
+from ._repack import MinibatchOf as MinibatchOf
+from ._repack import repack_minibatched as repack_minibatched
 from ._unpack import covered_mask as covered_mask
 from ._unpack import unpack as unpack
 from ._unpack import unpack_stack as unpack_stack
@@ -61,21 +74,30 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "FILLER",
     "DeviceSc",
+    "DeviceScMinibatch",
     "Entries",
+    "MinibatchOf",
     "PreprocessCase",
     "ReferenceResult",
     "ReferenceStack",
     "Stacking",
     "covered_mask",
+    "minibatch_of_buckets",
     "preprocess_cases",
     "preprocess_reference",
     "reference_lookup",
     "reference_lookup_grad",
     "reference_row_gradients",
+    "reference_split",
     "reference_update",
+    "repack_minibatched",
+    "row_bucket",
     "row_gains",
+    "split_into_minibatches",
     "table_specs",
     "topologies",
     "unpack",
+    "unpack_minibatched_stack",
+    "unpack_minibatches",
     "unpack_stack",
 ]

@@ -3,14 +3,15 @@
 `train(source, config)` tunes the limits (FDO), prefetches preprocessed batches
 in background threads, runs jitted steps (lookup → dense model → lookup_grad, pipelined across steps
 by `tilecore.pipelining`),
-evaluates held-out loss and AUC, and saves a checkpoint; `tilecore train` is a
-thin driver over it.
+evaluates held-out loss and AUC, and saves Orbax checkpoints it can resume
+from; `tilecore train` is a thin driver over it.
 """
 
-from ._checkpoint import checkpoint_arrays as checkpoint_arrays
+from ._checkpoint import Resumed as Resumed
+from ._checkpoint import latest_step as latest_step
+from ._checkpoint import restore_checkpoint as restore_checkpoint
 from ._checkpoint import save_checkpoint as save_checkpoint
 from ._config import TrainConfig as TrainConfig
-from ._loop import NonFiniteLossError as NonFiniteLossError
 from ._loop import TrainResult as TrainResult
 from ._loop import click_features as click_features
 from ._loop import train as train
@@ -22,6 +23,7 @@ from ._model import logits as logits
 from ._plots import plot_curves as plot_curves
 from ._plots import plot_partition_load as plot_partition_load
 from ._prefetch import Prefetcher as Prefetcher
+from ._run import NonFiniteLossError as NonFiniteLossError
 from ._step import DenseInputs as DenseInputs
 from ._step import DeviceBatch as DeviceBatch
 from ._step import StepMetrics as StepMetrics
@@ -37,20 +39,22 @@ __all__ = [
     "ModelConfig",
     "NonFiniteLossError",
     "Prefetcher",
+    "Resumed",
     "StepMetrics",
     "TrainConfig",
     "TrainResult",
     "TrainSummary",
     "auc",
-    "checkpoint_arrays",
     "click_features",
     "click_stages",
     "init_params",
+    "latest_step",
     "log_loss",
     "logits",
     "make_eval_step",
     "plot_curves",
     "plot_partition_load",
+    "restore_checkpoint",
     "save_checkpoint",
     "train",
 ]

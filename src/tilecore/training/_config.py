@@ -31,7 +31,12 @@ class TrainConfig:
       num_threads: preprocessing threads per batch (None: tilecore's default).
       seed: seed of the model's initial values.
       profile_dir: write a `jax.profiler` trace of the training loop here.
-      checkpoint_dir: save the final state here (None: no checkpoint).
+      checkpoint_dir: save the state here (tilecore.checkpoint, the newest 2
+        steps kept) at the end of training (None: no checkpoints).
+      checkpoint_every: also save after every this many steps (None: only at
+        the end). Each save ends a pipelined segment (the pipeline drains).
+      resume: continue from the newest checkpoint in `checkpoint_dir` if there
+        is one (its tables, slots, dense parameters, optimizer state and step).
     """
 
     steps: int = 1000
@@ -51,12 +56,19 @@ class TrainConfig:
     seed: int = 0
     profile_dir: Path | None = None
     checkpoint_dir: Path | None = None
+    checkpoint_every: int | None = None
+    resume: bool = False
 
     def __post_init__(self) -> None:
         for name in ("steps", "eval_every", "eval_batches", "tune_batches"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"TrainConfig: {name} must be an integer >= 1, got {value!r}.")
+        every = self.checkpoint_every
+        if every is not None and (isinstance(every, bool) or not isinstance(every, int)
+                                  or every < 1):
+            raise ValueError(f"TrainConfig: checkpoint_every must be None or an integer >= 1, "
+                             f"got {every!r}.")
         if self.prefetch < 0:
             raise ValueError(f"TrainConfig: prefetch must be >= 0, got {self.prefetch!r}.")
         if self.num_threads is not None and self.num_threads < 1:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import math
+import functools
 import time
 import warnings
-from collections.abc import Iterator, Mapping
-from typing import Any, TextIO
+from collections.abc import Mapping
+from typing import TextIO
 
 import jax
 import numpy as np
@@ -17,31 +17,19 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from .. import ops
 from ..data import ClickBatch, ClickSource
 from ..fdo import tune_limits
-from ..pipelining import (
-    DenseState,
-    StepInput,
-    TrainState,
-    TrainStep,
-    run_loop,
-    train_state_sharding,
-)
+from ..pipelining import DenseState, StepInput, TrainState, TrainStep, train_state_sharding
 from ..preprocessing import IdDroppingWarning, PreprocessStats, preprocess
 from ..specs import FeatureSpec, TableSpec
 from ..stacking import StackingPlan, plan_stacking
-from ._checkpoint import save_checkpoint
+from ._checkpoint import Resumed, latest_step, restore_checkpoint, save_checkpoint
 from ._config import TrainConfig
-from ._metrics import auc, log_loss
 from ._model import init_params
-from ._prefetch import Prefetcher
 from ._profile import annotate, maybe_trace
 from ._progress import Progress
-from ._step import DenseInputs, DeviceBatch, StepMetrics, click_stages, make_eval_step
-from ._summary import EvalPoint, LoadTracker, TrainSummary
+from ._run import Hooks, Prepared, evaluate_all, run_steps
+from ._step import DenseInputs, DeviceBatch, click_stages, make_eval_step
+from ._summary import LoadTracker, TrainSummary
 from ._tables import init_variables, uniform_init
-
-
-class NonFiniteLossError(FloatingPointError):
-    """Training produced a NaN or Inf loss; the message names the step and the tables."""
 
 
 def click_features(source: ClickSource, config: TrainConfig) -> list[FeatureSpec]:
@@ -104,32 +92,17 @@ class _Runner:
             placement = jax.tree.map(lambda x: by_batch if np.ndim(x) else replicated, host)
             return jax.device_put(host, placement), stats, sparse.num_minibatches
 
-    def train_batch(self, step: int) -> tuple[DeviceBatch, PreprocessStats, int]:
-        return self.to_device(self.source.train_batch(step))
+    def train_batch(self, step: int) -> Prepared:
+        """Training batch `step` on the devices, its statistics and the seconds it took."""
+        t0 = time.perf_counter()
+        batch, stats, num_minibatches = self.to_device(self.source.train_batch(step))
+        return batch, stats, num_minibatches, time.perf_counter() - t0
 
-
-def _check_finite(step: int, metrics: StepMetrics, plan: StackingPlan) -> float:
-    loss = float(metrics.loss)
-    if math.isfinite(loss):
-        return loss
-    bad = sorted({plan.features[f].table.name for f, ok in metrics.finite.items() if not bool(ok)})
-    where = (f"the activations of table(s) {bad} are NaN or Inf (the table rows diverged: "
-             "lower the table learning rate)" if bad else
-             "every table's activations are finite, so the dense model or its inputs diverged "
-             "(check the dense features, lower the dense learning rate)")
-    raise NonFiniteLossError(f"Training stopped at step {step}: the loss is {loss}; {where}.")
-
-
-def _evaluate(evaluate: Any, state: TrainState,
-              eval_set: list[tuple[DeviceBatch, np.ndarray]]) -> tuple[float, float]:
-    with annotate("eval"):
-        logits = [np.asarray(evaluate(state.dense.params, state.variables, b))
-                  for b, _ in eval_set]
-    labels = np.concatenate([y for _, y in eval_set])
-    scores = np.concatenate(logits)
-    if not np.all(np.isfinite(scores)):
-        raise NonFiniteLossError("Evaluation produced NaN or Inf logits; the model diverged.")
-    return log_loss(labels, scores), auc(labels, scores)
+    def place(self, state: TrainState) -> TrainState:
+        """`state` on the mesh (tables by rows, the rest replicated); as is without one."""
+        if self.mesh is None:
+            return state
+        return jax.device_put(state, train_state_sharding(state, self.mesh))
 
 
 def train(source: ClickSource, config: TrainConfig, *, progress: TextIO | None = None
@@ -137,13 +110,23 @@ def train(source: ClickSource, config: TrainConfig, *, progress: TextIO | None =
     """Train the click model on `source` as `config` says; returns summary and final state.
 
     Limits are tuned first on `config.tune_batches` training batches (FDO); later
-    batches whose IDs exceed them drop the excess (counted in the summary). The
-    progress bar goes to `progress` (default stderr). Raises `NonFiniteLossError`
-    naming the step (and the tables, if their activations are not finite) when
-    the loss becomes NaN or Inf; no checkpoint is written then.
+    batches whose IDs exceed them drop the excess (counted in the summary). With
+    `config.resume` and a checkpoint in `config.checkpoint_dir`, training goes on
+    from its step with its tables, slots, dense parameters and optimizer state
+    (the summary then covers the steps run now). The progress bar goes to
+    `progress` (default stderr).
+
+    Raises:
+      NonFiniteLossError: the loss became NaN or Inf; names the step (and the
+        tables, if their activations are not finite). No checkpoint is written.
+      tilecore.checkpoint.CheckpointMismatchError: the checkpoint resumed from
+        has other tables than the model; lists every difference.
+      ValueError: the checkpoint directory already holds checkpoints but
+        `resume` is off, or the resumed checkpoint is at or past `config.steps`.
     """
     t_start = time.perf_counter()
     mesh = _mesh(config)
+    resume_from = _resume_step(config)
     plan = plan_stacking(click_features(source, config), config.topology)
     with warnings.catch_warnings():  # also silences the prefetch workers: they join before exit
         warnings.simplefilter("ignore", IdDroppingWarning)
@@ -160,86 +143,75 @@ def train(source: ClickSource, config: TrainConfig, *, progress: TextIO | None =
                          pipelined=config.pipelining)
         params = init_params(jax.random.key(config.seed), config.model,
                              num_dense=source.num_dense, num_features=len(plan.features))
-        state = step.init(init_variables(plan, config.seed, mesh=mesh),
-                          DenseState.create(params, optimizer),
-                          StepInput(eval_set[0][0].sparse, eval_set[0][0].dense))
-        if mesh is not None:
-            state = jax.device_put(state, train_state_sharding(state, mesh))
+        start = _initial(config, plan, DenseState.create(params, optimizer), mesh, resume_from)
+        example = StepInput(eval_set[0][0].sparse, eval_set[0][0].dense)
+        state = runner.place(step.init(start.variables, start.dense, example))
+        evaluate = make_eval_step(plan, mesh=mesh)
+        directory = config.checkpoint_dir
+        hooks = Hooks(
+            batch=runner.train_batch,
+            evaluate=lambda s: evaluate_all(evaluate, s, eval_set),
+            restart=lambda s: runner.place(step.init(s.variables, s.dense, example)),
+            save=None if directory is None else functools.partial(save_checkpoint, directory, plan),
+        )
         setup_s = time.perf_counter() - t_start
+        bar = Progress(config.steps, source.batch_size, stream=progress)
+        load = LoadTracker(plan)
         with maybe_trace(config.profile_dir):
-            state, summary = _run(runner, step, state, make_eval_step(plan, mesh=mesh),
-                                  eval_set, progress)
-    summary = dataclasses.replace(summary, setup_seconds=setup_s, fdo_rounds=report.rounds,
-                                  fdo_drops_per_round=report.drops_per_round,
-                                  seconds=time.perf_counter() - t_start)
-    if config.checkpoint_dir is not None:
-        with annotate("checkpoint"):
-            path = save_checkpoint(config.checkpoint_dir, plan, state, step=config.steps)
-        summary = dataclasses.replace(summary, checkpoint=str(path),
-                                      seconds=time.perf_counter() - t_start)
+            state, stats = run_steps(
+                step, state, hooks, plan=plan, start=start.step, steps=config.steps,
+                eval_every=config.eval_every, checkpoint_every=config.checkpoint_every,
+                prefetch=config.prefetch, bar=bar, load=load)
+    run_steps_count = config.steps - start.step
+    timed = stats.timed_seconds
+    summary = TrainSummary(
+        steps=config.steps, batch_size=source.batch_size,
+        examples_per_s=((run_steps_count - 1) * source.batch_size / timed
+                        if run_steps_count > 1 and timed > 0 else float("nan")),
+        loss=stats.evals[-1].loss, auc=stats.evals[-1].auc, dropped_ids=load.dropped_ids,
+        num_minibatches=stats.num_minibatches, train_losses=tuple(stats.train_losses),
+        evals=tuple(stats.evals), compile_seconds=stats.compile_seconds,
+        eval_seconds=stats.eval_seconds, topology=str(config.topology),
+        devices=config.topology.global_devices, sc_per_device=config.topology.sc_per_device,
+        optimizer=type(config.table_optimizer).__name__, pipelining=config.pipelining,
+        limits=_limits(plan), partition_load=load.result(), setup_seconds=setup_s,
+        fdo_rounds=report.rounds, fdo_drops_per_round=report.drops_per_round,
+        seconds=time.perf_counter() - t_start, start_step=start.step,
+        checkpoint=stats.checkpoint,
+        checkpoint_seconds=stats.checkpoint_seconds,
+        input_wait_seconds=stats.input_wait_seconds,
+        input_wait_fraction=(stats.input_wait_seconds / timed if timed > 0 else float("nan")),
+        preprocess_seconds_per_batch=stats.preprocess_seconds / max(run_steps_count, 1),
+        step_seconds=(timed / (run_steps_count - 1) if run_steps_count > 1 else float("nan")),
+    )
     return TrainResult(summary=summary, state=state, plan=plan)
 
 
-def _run(runner: _Runner, step: TrainStep, state: TrainState, evaluate: Any,
-         eval_set: list[tuple[DeviceBatch, np.ndarray]], progress: TextIO | None
-         ) -> tuple[TrainState, TrainSummary]:
-    config, plan, steps = runner.config, runner.plan, runner.config.steps
-    bar = Progress(steps, runner.source.batch_size, stream=progress)
-    losses: list[float] = []
-    evals: list[EvalPoint] = []
-    load = LoadTracker(plan)
-    eval_s, compile_s, minibatches = 0.0, 0.0, 0
-    pending: tuple[int, StepMetrics] | None = None
-    t_loop = time.perf_counter()
+def _resume_step(config: TrainConfig) -> int | None:
+    """The step to resume from (None: start fresh), checked before any work is done."""
+    directory = config.checkpoint_dir
+    saved = None if directory is None else latest_step(directory)
+    if saved is None:
+        return None
+    if not config.resume:
+        raise ValueError(
+            f"{str(directory)!r} already holds checkpoints (latest: step {saved}); a fresh run "
+            "would mix with them. Resume from it (TrainConfig.resume / `tilecore train "
+            "--resume`), or write to another directory (--out).")
+    if saved >= config.steps:
+        raise ValueError(
+            f"The checkpoint in {str(directory)!r} is at step {saved}, but the run has only "
+            f"{config.steps} steps: nothing is left to train. Ask for more steps (--steps).")
+    return saved
 
-    def inputs(batches: Prefetcher[tuple[DeviceBatch, PreprocessStats, int]]
-               ) -> Iterator[StepInput]:
-        nonlocal minibatches
-        for batch, stats, num_minibatches in batches:
-            load.add(stats)
-            minibatches += num_minibatches
-            yield StepInput(batch.sparse, batch.dense)
 
-    with Prefetcher(runner.train_batch, steps, depth=config.prefetch) as batches:
-        run = run_loop(step, state, inputs(batches))
-        for result in run:
-            i = result.step
-            metrics = StepMetrics(*result.outputs[:1], finite=result.outputs[1])
-            if i == 0:  # the first calls compile: keep them out of examples/s
-                losses.append(_check_finite(0, metrics, plan))
-                compile_s = time.perf_counter() - t_loop
-                bar.start(1)
-            elif pending is not None:  # the previous step's loss: the device stays busy
-                losses.append(_check_finite(*pending, plan))
-            pending = None if i == 0 else (i, metrics)
-            done = i + 1
-            if done % config.eval_every == 0 or done == steps:
-                if pending is not None:
-                    losses.append(_check_finite(*pending, plan))
-                    pending = None
-                t_eval = time.perf_counter()
-                loss, score = _evaluate(evaluate, run.state, eval_set)
-                evals.append(EvalPoint(step=done, loss=loss, auc=score))
-                eval_s += time.perf_counter() - t_eval
-                bar.exclude(time.perf_counter() - t_eval)
-                bar.message(f"eval after step {done}: loss {loss:.4f}  AUC {score:.4f}")
-            bar.update(done, losses[-1] if losses else None)
-        state = run.state
-    bar.close()
-    timed = time.perf_counter() - t_loop - compile_s - eval_s
-    summary = TrainSummary(
-        steps=steps, batch_size=runner.source.batch_size,
-        examples_per_s=((steps - 1) * runner.source.batch_size / timed
-                        if steps > 1 and timed > 0 else float("nan")),
-        loss=evals[-1].loss, auc=evals[-1].auc, dropped_ids=load.dropped_ids,
-        num_minibatches=minibatches, train_losses=tuple(losses), evals=tuple(evals),
-        compile_seconds=compile_s, eval_seconds=eval_s, topology=str(config.topology),
-        devices=config.topology.global_devices, sc_per_device=config.topology.sc_per_device,
-        optimizer=type(config.table_optimizer).__name__, pipelining=config.pipelining,
-        limits=_limits(plan), partition_load=load.result(),
-    )
-    return state, summary
-
+def _initial(config: TrainConfig, plan: StackingPlan, dense: DenseState, mesh: Mesh | None,
+             resume_from: int | None) -> Resumed:
+    """The starting point: the checkpoint's state if resuming, else fresh tables."""
+    if resume_from is not None and config.checkpoint_dir is not None:
+        with annotate("restore"):
+            return restore_checkpoint(config.checkpoint_dir, plan, dense, mesh=mesh)
+    return Resumed(0, init_variables(plan, config.seed, mesh=mesh), dense)
 
 def _limits(plan: StackingPlan) -> dict[str, Mapping[str, int | None]]:
     return {name: {"max_ids_per_partition": s.max_ids_per_partition,

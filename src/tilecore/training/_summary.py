@@ -55,7 +55,14 @@ class LoadTracker:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainSummary:
     """Everything a run reports. `loss` and `auc` are the last held-out evaluation's;
-    `examples_per_s` excludes the first (compiling) step and the evaluations."""
+    `examples_per_s` excludes the first (compiling) step, evaluations and saves.
+
+    A resumed run (`start_step` > 0) reports the steps it ran, `start_step` to
+    `steps`. Host vs device: `step_seconds` is the wall time per step in steady
+    state, `preprocess_seconds_per_batch` what preparing one batch took a
+    prefetch worker, and `input_wait_fraction` the share of the steady-state
+    loop spent waiting for the next prepared batch (near 0: the host keeps up).
+    """
 
     steps: int
     batch_size: int
@@ -81,6 +88,12 @@ class TrainSummary:
     fdo_drops_per_round: tuple[int, ...] = ()
     pipelining_note: str = ""
     checkpoint: str | None = None
+    start_step: int = 0
+    checkpoint_seconds: float = 0.0
+    input_wait_seconds: float = 0.0
+    input_wait_fraction: float = float("nan")
+    preprocess_seconds_per_batch: float = float("nan")
+    step_seconds: float = float("nan")
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict; the headline keys come first."""
@@ -103,6 +116,9 @@ class TrainSummary:
             f"  held-out      loss {self.loss:.4f}  AUC {self.auc:.4f}"
             + (f"  (after step {first.step}: loss {first.loss:.4f}, AUC {first.auc:.4f})"
                if first is not None and len(self.evals) > 1 else ""),
+            f"  host          waits for batches {100 * self.input_wait_fraction:.1f}% of the "
+            f"loop; {1e3 * self.preprocess_seconds_per_batch:.1f} ms to prepare a batch vs "
+            f"{1e3 * self.step_seconds:.1f} ms per step",
             f"  IDs dropped   {self.dropped_ids}   minibatches {self.num_minibatches}   "
             f"FDO rounds {self.fdo_rounds} (drops {list(self.fdo_drops_per_round)})",
             "  limits        " + "; ".join(

@@ -1,0 +1,256 @@
+"""Compiled loops of minibatching (numba, GIL released).
+
+With minibatching one SparseCore's sorted entries are first merged into a
+persistent array (`merge`), because where they land is known only once every
+SparseCore of the device has been counted. If some partition anywhere exceeds its
+limits, each merged entry gets the bucket of its row (`bucketize`), the per-
+(partition, bucket) counts give a 63-bit split (`split_mask`), and the entries
+are regrouped by (minibatch, partition, bucket) (`order_by_minibatch`). `pack`
+then walks the segments, applying limits per (partition, minibatch) and writing
+the device buffer at absolute positions.
+
+Merged entries keep the sorted-entry form `(partition << rowbits | row) << 26 | sample`
+(uint64) with a float32 gain beside.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from ._bucket_memo import memo_buckets
+from ._highway import NUM_BUCKETS
+from ._kernels import FILLER_ID, SAMPLE_BITS, SUM
+
+_jit = numba.njit(nogil=True, cache=True, error_model="numpy")
+SPLIT_BITS = NUM_BUCKETS - 1
+
+
+@_jit
+def merge(entries, gains, has_weights, sample_gains, combiner, rowbits, out_entries, out_gains,
+          out_raw, ids_out, unique_out):
+    """Merge duplicate (sample, row) entries, summing gains; count per partition.
+
+    Returns the number of merged entries; `out_raw` gets the raw occurrences
+    behind each (what a drop counts). `ids_out[p]`/`unique_out[p]` get the
+    merged entries and distinct rows sent to partition p (nothing is dropped).
+    """
+    n = entries.shape[0]
+    part_shift = np.uint64(rowbits + SAMPLE_BITS)
+    sb = np.uint64(SAMPLE_BITS)
+    sample_mask = np.uint64((1 << SAMPLE_BITS) - 1)
+    i = 0
+    m = 0
+    last_key = np.uint64(0xFFFFFFFFFFFFFFFF)
+    while i < n:
+        x = entries[i]
+        if has_weights:
+            gain = gains[i]
+        elif combiner == SUM:
+            gain = np.float32(1.0)
+        else:
+            gain = sample_gains[np.int64(x & sample_mask)]
+        step = gain
+        raw = 1
+        i += 1
+        while i < n and entries[i] == x:
+            gain += gains[i] if has_weights else step
+            raw += 1
+            i += 1
+        p = np.int64(x >> part_shift)
+        key = x >> sb
+        if key != last_key:
+            unique_out[p] += 1
+            last_key = key
+        ids_out[p] += 1
+        out_entries[m] = x
+        out_gains[m] = gain
+        out_raw[m] = raw
+        m += 1
+    return m
+
+
+@_jit
+def bucketize(entries, rowbits, log2n, state, memo, cols, col_buckets, misses, miss_buckets,
+              buckets, ids_pb, unique_pb):
+    """Bucket of each merged entry's row and the per-(partition, bucket) counts
+    `ids_pb`/`unique_pb` (`[N, 64]`, accumulated).
+
+    Entries are sorted by row, so each distinct row is looked up once: its column
+    ID is gathered into `cols`, its bucket read from `memo` or hashed
+    (`memo_buckets`) into `col_buckets`, then every entry takes its row's bucket
+    (`buckets`, uint8). `cols`, `col_buckets`, `misses` and `miss_buckets` are
+    scratch as long as `entries`.
+    """
+    sb = np.uint64(SAMPLE_BITS)
+    row_mask = np.uint64((1 << rowbits) - 1)
+    rb = np.uint64(rowbits)
+    shift = np.uint64(log2n)
+    last_key = np.uint64(0xFFFFFFFFFFFFFFFF)
+    k = 0
+    for i in range(entries.shape[0]):
+        key = entries[i] >> sb
+        if key != last_key:
+            last_key = key
+            cols[k] = np.int64(((key & row_mask) << shift) | (key >> rb))
+            k += 1
+    memo_buckets(cols[:k], memo, state, misses, miss_buckets, col_buckets[:k])
+    last_key = np.uint64(0xFFFFFFFFFFFFFFFF)
+    k = -1
+    b = 0
+    p = 0
+    for i in range(entries.shape[0]):
+        key = entries[i] >> sb
+        if key != last_key:
+            last_key = key
+            k += 1
+            b = col_buckets[k]
+            p = np.int64(key >> rb)
+            unique_pb[p, b] += 1
+        buckets[i] = b
+        ids_pb[p, b] += 1
+
+
+@_jit
+def _split_one(counts, limit):
+    """The reference's tree walk over 64 bucket counts: bit k set where a node's
+    subtrees together exceed `limit` (the node then keeps the larger subtree)."""
+    values = counts.astype(np.int64)
+    mask = np.uint64(0)
+    bit = 0
+    size = 2
+    while size <= NUM_BUCKETS:
+        half = size // 2
+        for i in range(0, NUM_BUCKETS, size):
+            total = values[i] + values[i + half]
+            if total > limit:
+                mask |= np.uint64(1) << np.uint64(bit)
+                values[i] = max(values[i], values[i + half])
+            else:
+                values[i] = total
+            bit += 1
+        size *= 2
+    return mask
+
+
+@_jit
+def split_mask(ids_pb, unique_pb, max_ids, max_unique):
+    """OR of the splits of every partition's ids and unique counts."""
+    mask = np.uint64(0)
+    for p in range(ids_pb.shape[0]):
+        mask |= _split_one(ids_pb[p], max_ids)
+        mask |= _split_one(unique_pb[p], max_unique)
+    return mask
+
+
+def minibatch_of_buckets(mask: int) -> np.ndarray:
+    """`[64]` minibatch index of each bucket under a split mask.
+
+    Buckets form contiguous minibatches; the boundary between buckets i and i+1
+    sits at the midpoint of exactly one tree node, and is a minibatch boundary
+    exactly when that node's bit is set.
+    """
+    boundary = np.zeros(NUM_BUCKETS, bool)
+    bit, size = 0, 2
+    while size <= NUM_BUCKETS:
+        for i in range(0, NUM_BUCKETS, size):
+            boundary[i + size // 2] = bool((mask >> bit) & 1)
+            bit += 1
+        size *= 2
+    return np.cumsum(boundary).astype(np.int64)
+
+
+@_jit
+def order_by_minibatch(entries, gains, raw, buckets, mb_of_bucket, num_minibatches, rowbits,
+                       ids_pb, out_entries, out_gains, out_raw, seg_counts):
+    """Stable regroup of merged entries by (minibatch, partition, bucket).
+
+    `ids_pb` are this SparseCore's per-(partition, bucket) counts; `seg_counts`
+    (`[M, N]`) receives each (minibatch, partition) segment's entry count.
+    """
+    n_part = ids_pb.shape[0]
+    start = np.empty((n_part, NUM_BUCKETS), np.int64)
+    pos = 0
+    for mb in range(num_minibatches):
+        for p in range(n_part):
+            before = pos
+            for b in range(NUM_BUCKETS):
+                if mb_of_bucket[b] == mb:
+                    start[p, b] = pos
+                    pos += ids_pb[p, b]
+            seg_counts[mb, p] = pos - before
+    part_shift = np.uint64(rowbits + SAMPLE_BITS)
+    for i in range(entries.shape[0]):
+        p = np.int64(entries[i] >> part_shift)
+        b = buckets[i]
+        at = start[p, b]
+        start[p, b] = at + 1
+        out_entries[at] = entries[i]
+        out_gains[at] = gains[i]
+        out_raw[at] = raw[i]
+
+
+@_jit
+def pack(entries, gains, raw, seg_counts, rowbits, max_ids, max_unique, base, write, eids, sids,
+         out_gains, row_pointers, block):
+    """Write one SparseCore's segments from `base`, (minibatch, partition) by segment.
+
+    Entries over a segment's limits are dropped in order, as the reference does:
+    the running count of entries (kept or not) or of new rows has reached the limit.
+    Each partition starts on a multiple of 8; the gaps hold filler. Row pointers
+    (block `mb` of width `block`) are absolute exclusive ends, unused slots the last
+    aligned end; positions past the buffer are not written and count as overflow.
+    With `write` False only the size is computed. Returns
+    (end position, dropped raw occurrences, overflow (merged entries past the buffer)).
+    """
+    capacity = eids.shape[0]
+    nan = np.float32(np.nan)
+    sb = np.uint64(SAMPLE_BITS)
+    sample_mask = np.uint64((1 << SAMPLE_BITS) - 1)
+    row_mask = np.uint64((1 << rowbits) - 1)
+    num_mb, n_part = seg_counts.shape
+    i = 0
+    pos = base
+    dropped = 0
+    overflow = 0
+    for mb in range(num_mb):
+        for p in range(n_part):
+            start = (pos + 7) & ~7
+            if write:
+                for j in range(pos, min(start, capacity)):
+                    eids[j] = FILLER_ID
+                    sids[j] = FILLER_ID
+                    out_gains[j] = nan
+            pos = start
+            uniq = 0
+            last_key = np.uint64(0xFFFFFFFFFFFFFFFF)
+            for ids in range(1, seg_counts[mb, p] + 1):
+                x = entries[i]
+                key = x >> sb
+                if key != last_key:
+                    uniq += 1
+                    last_key = key
+                if ids > max_ids or uniq > max_unique:
+                    dropped += raw[i]
+                elif pos >= capacity:
+                    overflow += 1
+                    pos += 1
+                else:
+                    if write:
+                        eids[pos] = np.int32(key & row_mask)
+                        sids[pos] = np.int32(x & sample_mask)
+                        out_gains[pos] = gains[i]
+                    pos += 1
+                i += 1
+            if write:
+                row_pointers[mb * block + p] = min(pos, capacity)
+        if write:
+            end = min((pos + 7) & ~7, capacity)
+            for p in range(n_part, block):
+                row_pointers[mb * block + p] = end
+    if write:
+        for j in range(pos, min((pos + 7) & ~7, capacity)):
+            eids[j] = FILLER_ID
+            sids[j] = FILLER_ID
+            out_gains[j] = nan
+    return pos, dropped, overflow

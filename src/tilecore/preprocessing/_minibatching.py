@@ -1,0 +1,300 @@
+"""Minibatching: agree on a split of the batch, then pack every stack's minibatches.
+
+Pass 1 (in `_preprocess`) sorted, merged and counted each SparseCore's entries,
+keeping the sorted entries, and packed them speculatively as one minibatch into
+the SparseCore's fixed slot. If no partition of any stack exceeds its limits on
+any process (`Agreement`, round "required"), the slots are only moved together
+(`_compact`). Otherwise pass 2 merges the sorted entries again, buckets every
+entry by a hash of its row, computes each partition's 63-bit split of the 64
+buckets, ORs the splits over SparseCores, devices, stacks and processes (round
+"split") and regroups the entries into `popcount(split) + 1` minibatches of
+contiguous buckets. Either way the device buffers get the minibatching layout
+(REFERENCE §3): per device, segments packed SparseCore-major then by minibatch,
+partitions 8-aligned, row pointers absolute.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from . import _minibatch_kernels as mk
+from ._agreement import Agreement
+from ._bucket_memo import bucket_memo
+from ._buffers import allocate
+from ._errors import LimitExceededError
+from ._highway import NUM_BUCKETS, bucket_state
+from ._kernels import FILLER_ID
+from ._scratch import scratch
+from ._types import PreprocessStats, StackBuffers
+
+_BUCKET_STATE = np.array(bucket_state(), np.uint64)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Merged:
+    """One SparseCore's merged entries of one stack, in (partition, row, sample) order."""
+
+    entries: np.ndarray
+    gains: np.ndarray
+    raw: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Sorted:
+    """One SparseCore's sorted entries of one stack (pass 1), as `_kernels.emit` takes
+    them, with its per-partition counts and where its speculative packing ended
+    (`fits_slot`: nothing was cut off by the end of its slot). `merged` is set when
+    pass 1 already merged them (a limit was exceeded: the packing was abandoned)."""
+
+    entries: np.ndarray
+    gains: np.ndarray
+    weighted: bool
+    sample_gains: np.ndarray
+    combiner: int
+    rowbits: int
+    ids: np.ndarray
+    unique: np.ndarray
+    end: int
+    fits_slot: bool
+    merged: Merged | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class StackPacking:
+    """What packing one stack needs: its limits, buffers and per-SparseCore entries."""
+
+    name: str
+    tables: tuple[str, ...]
+    max_ids: int
+    max_unique: int
+    rowbits: int
+    log2n: int
+    vocab_size: int
+    buffers: StackBuffers
+    slot: int
+    sorted: Sequence[Sorted]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Segments:
+    entries: np.ndarray
+    gains: np.ndarray
+    raw: np.ndarray
+    counts: np.ndarray
+
+
+Map = Callable[[Callable[[Any], Any], Sequence[Any]], list[Any]]
+
+
+def is_required(stacks: Sequence[StackPacking]) -> bool:
+    """Whether some partition of some stack exceeds its limits on this process."""
+    return any(
+        int(m.ids.max(initial=0)) > s.max_ids or int(m.unique.max(initial=0)) > s.max_unique
+        for s in stacks for m in s.sorted
+    )
+
+
+def pack_minibatches(
+    stacks: Sequence[StackPacking], *, sc_per_device: int, allow_id_dropping: bool, agreement: Agreement, batch_number: int, stats: PreprocessStats,
+    parallel_map: Map,
+) -> tuple[int, dict[str, int], dict[str, int]]:
+    """Split (if any process needs it) and pack every stack into its buffers.
+
+    Returns (number of minibatches, raw IDs dropped per stack, entries that did
+    not fit the buffer per stack). Raises LimitExceededError when one bucket alone
+    exceeds a limit and dropping is off.
+    """
+    required = agreement.all_reduce_or(batch_number, "required", int(is_required(stacks)))
+    tasks = [(stack, sc) for stack in stacks for sc in range(len(stack.sorted))]
+    none = {s.name: 0 for s in stacks}
+    if not required and all(m.fits_slot and m.merged is None for s in stacks for m in s.sorted):
+        parallel_map(lambda t: _compact(t[0], t[1], sc_per_device),
+                     [(s, d) for s in stacks for d in range(s.buffers.embedding_ids.shape[0])])
+        return 1, none, dict(none)
+    merged = parallel_map(lambda t: _merged(t[0].sorted[t[1]]), tasks)
+    if required:
+        memo = bucket_memo(max(s.vocab_size for s in stacks))
+        counted = parallel_map(lambda i: _bucketize(tasks[i][0], merged[i], memo),
+                               range(len(tasks)))
+        local = 0
+        for _, _, mask in counted:
+            local |= mask
+        mask = agreement.all_reduce_or(batch_number, "split", local)
+        mb_of_bucket = mk.minibatch_of_buckets(mask)
+        num_mb = int(mb_of_bucket[-1]) + 1
+        if not allow_id_dropping:
+            _check_single_buckets(tasks, counted, mb_of_bucket, sc_per_device, stats)
+        segments = parallel_map(
+            lambda i: _order(tasks[i][0], merged[i], counted[i], mb_of_bucket, num_mb),
+            range(len(tasks)))
+    else:  # a slot was too small for its SparseCore: pack from the merged entries
+        num_mb = 1
+        segments = [
+            _Segments(m.entries, m.gains, m.raw, stack.sorted[sc].ids.reshape(1, -1))
+            for (stack, sc), m in zip(tasks, merged, strict=True)
+        ]
+    sizes = parallel_map(lambda i: _pack(tasks[i], segments[i], num_mb, sc_per_device, 0, False),
+                         range(len(tasks)))
+    bases = _bases(tasks, sizes, sc_per_device)
+    written = parallel_map(
+        lambda i: _pack(tasks[i], segments[i], num_mb, sc_per_device, bases[i], True),
+        range(len(tasks)))
+    dropped: dict[str, int] = {s.name: 0 for s in stacks}
+    overflow: dict[str, int] = {s.name: 0 for s in stacks}
+    ends: dict[tuple[str, int], int] = {}
+    for (stack, sc), (end, drop, over) in zip(tasks, written, strict=True):
+        dropped[stack.name] += drop
+        overflow[stack.name] += over
+        ends[stack.name, sc // sc_per_device] = end
+    for stack in stacks:
+        _fill_tails(stack, ends, num_mb, sc_per_device)
+    return num_mb, dropped, overflow
+
+
+def _compact(stack: StackPacking, device: int, sc_per_device: int) -> None:
+    """Move one device's speculatively packed slots together: each SparseCore's
+    single minibatch starts at the 8-aligned end of the previous one's."""
+    b = stack.buffers
+    block = b.row_pointers.shape[1] // (NUM_BUCKETS * sc_per_device)
+    eids, sids, gains = b.embedding_ids[device], b.sample_ids[device], b.gains[device]
+    base = 0
+    for sc in range(sc_per_device):
+        end = stack.sorted[device * sc_per_device + sc].end
+        src = sc * stack.slot
+        if src != base:
+            for a in (eids, sids, gains):
+                a[base:base + end] = a[src:src + end]
+        if base:  # pass 1 wrote them relative to the slot
+            b.row_pointers[device, sc * block:(sc + 1) * block] += base
+        aligned = (base + end + 7) & ~7
+        eids[base + end:aligned] = FILLER_ID
+        sids[base + end:aligned] = FILLER_ID
+        gains[base + end:aligned] = np.nan
+        base = aligned
+    b.embedding_ids[device, base:] = FILLER_ID
+    b.sample_ids[device, base:] = FILLER_ID
+    b.gains[device, base:] = np.nan
+    b.row_pointers[device, sc_per_device * block:] = base
+
+
+def merge_sorted(entries: Sorted) -> Sorted:
+    """`entries` with `merged` set and their counts recomputed (pass 1, past a limit)."""
+    entries.ids.fill(0)
+    entries.unique.fill(0)
+    merged = _merge(entries, entries.ids, entries.unique)
+    return dataclasses.replace(entries, merged=merged, fits_slot=False)
+
+
+def _merged(entries: Sorted) -> Merged:
+    if entries.merged is not None:
+        return entries.merged
+    n = len(entries.ids)
+    return _merge(entries, np.zeros(n, np.int64), np.zeros(n, np.int64))
+
+
+def _merge(entries: Sorted, ids: np.ndarray, unique: np.ndarray) -> Merged:
+    """Merge duplicate (sample, row) entries, counting them into `ids`/`unique`."""
+    size = len(entries.entries)
+    out_entries, out_gains, out_raw = allocate(
+        [((size,), np.uint64), ((size,), np.float32), ((size,), np.int32)])
+    m = mk.merge(entries.entries, entries.gains, entries.weighted, entries.sample_gains,
+                 entries.combiner, entries.rowbits, out_entries, out_gains, out_raw, ids, unique)
+    return Merged(out_entries[:m], out_gains[:m], out_raw[:m])
+
+
+def _bucketize(stack: StackPacking, merged: Merged, memo: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, int]:
+    n = len(stack.sorted[0].ids)
+    size = len(merged.entries)
+    (buckets,) = allocate([((size,), np.uint8)])
+    ids_pb = np.zeros((n, NUM_BUCKETS), np.int64)
+    unique_pb = np.zeros((n, NUM_BUCKETS), np.int64)
+    mk.bucketize(merged.entries, stack.rowbits, stack.log2n, _BUCKET_STATE, memo,
+                 scratch("bucket_cols", size, np.int64), scratch("col_buckets", size, np.int64),
+                 scratch("bucket_misses", size, np.int64), scratch("miss_buckets", size, np.int64),
+                 buckets, ids_pb, unique_pb)
+    mask = int(mk.split_mask(ids_pb, unique_pb, stack.max_ids, stack.max_unique))
+    return buckets, np.stack([ids_pb, unique_pb]), mask
+
+
+def _order(stack: StackPacking, merged: Merged, counted: tuple[np.ndarray, np.ndarray, int],
+           mb_of_bucket: np.ndarray, num_mb: int) -> _Segments:
+    buckets, counts, _ = counted
+    size = len(merged.entries)
+    entries, gains, raw = allocate(
+        [((size,), np.uint64), ((size,), np.float32), ((size,), np.int32)])
+    out = _Segments(entries, gains, raw, np.zeros((num_mb, len(stack.sorted[0].ids)), np.int64))
+    mk.order_by_minibatch(merged.entries, merged.gains, merged.raw, buckets, mb_of_bucket, num_mb,
+                          stack.rowbits, counts[0], out.entries, out.gains, out.raw, out.counts)
+    return out
+
+
+def _pack(task: tuple[StackPacking, int], seg: _Segments, num_mb: int, sc_per_device: int,
+          base: int, write: bool) -> tuple[int, int, int]:
+    stack, index = task
+    device, sc = divmod(index, sc_per_device)
+    b = stack.buffers
+    block = b.row_pointers.shape[1] // (NUM_BUCKETS * sc_per_device)
+    rows = b.row_pointers[device, sc * num_mb * block:(sc + 1) * num_mb * block]
+    end, dropped, overflow = mk.pack(
+        seg.entries, seg.gains, seg.raw, seg.counts, stack.rowbits, stack.max_ids,
+        stack.max_unique, base, write, b.embedding_ids[device], b.sample_ids[device],
+        b.gains[device], rows, block)
+    return int(end), int(dropped), int(overflow)
+
+
+def _bases(tasks: Sequence[tuple[StackPacking, int]], sizes: Sequence[tuple[int, int, int]],
+           sc_per_device: int) -> list[int]:
+    """Start of each SparseCore's segment: the aligned end of the previous one on its device."""
+    bases = []
+    base = 0
+    for (_, index), (size, _, _) in zip(tasks, sizes, strict=True):
+        if index % sc_per_device == 0:
+            base = 0
+        bases.append(base)
+        base = (base + size + 7) & ~7
+    return bases
+
+
+def _fill_tails(stack: StackPacking, ends: dict[tuple[str, int], int], num_mb: int,
+                sc_per_device: int) -> None:
+    """Filler after each device's last segment; unused row-pointer blocks repeat its end."""
+    b = stack.buffers
+    capacity = b.embedding_ids.shape[1]
+    used_rows = sc_per_device * num_mb * (b.row_pointers.shape[1] // (NUM_BUCKETS * sc_per_device))
+    for device in range(b.embedding_ids.shape[0]):
+        end = min(ends[stack.name, device], capacity)
+        b.embedding_ids[device, end:] = FILLER_ID
+        b.sample_ids[device, end:] = FILLER_ID
+        b.gains[device, end:] = np.nan
+        b.row_pointers[device, used_rows:] = min((end + 7) & ~7, capacity)
+
+
+def _check_single_buckets(
+    tasks: Sequence[tuple[StackPacking, int]], counted: Sequence[tuple[np.ndarray, np.ndarray, int]],
+    mb_of_bucket: np.ndarray, sc_per_device: int, stats: PreprocessStats,
+) -> None:
+    """Raise for the first (minibatch, partition) segment still over a limit: a bucket
+    the split cannot divide (every occurrence of a row stays in one bucket)."""
+    num_mb = int(mb_of_bucket[-1]) + 1
+    onehot = (mb_of_bucket[:, None] == np.arange(num_mb)[None, :]).astype(np.int64)
+    for (stack, index), (_, counts, _) in zip(tasks, counted, strict=True):
+        for kind, limit, allowed in ((0, "max_ids_per_partition", stack.max_ids),
+                                     (1, "max_unique_ids_per_partition", stack.max_unique)):
+            per_segment = counts[kind] @ onehot  # [N, M]
+            over = np.argwhere(per_segment > allowed)
+            if over.size:
+                partition, mb = (int(x) for x in over[0])
+                in_mb = np.flatnonzero(mb_of_bucket == mb)
+                bucket = int(in_mb[np.argmax(counts[kind][partition, in_mb])])
+                raise LimitExceededError(
+                    stack=stack.name, tables=stack.tables, limit=limit,
+                    device=index // sc_per_device, partition=partition,
+                    observed=int(per_segment[partition, mb]), allowed=allowed,
+                    num_exceeding=len(over), worst=int(per_segment.max()), stats=stats,
+                    bucket=bucket,
+                )

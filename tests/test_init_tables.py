@@ -1,0 +1,81 @@
+"""`ops.init_tables`: one compiled program per layout, values as per-shard initializer calls."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import tilecore as tc
+from tilecore import ops
+
+
+def _plan(initializers: dict[str, Any], sc_per_device: int = 4) -> tc.StackingPlan:
+    sizes = {"a": (37, 5), "b": (19, 7), "c": (50, 3), "d": (11, 8)}
+    features = []
+    for name, (vocab, dim) in sizes.items():
+        optimizer = tc.FTRL() if name == "c" else tc.Adagrad()  # c in a stack of its own
+        spec = tc.TableSpec(name=name, vocab_size=vocab, embedding_dim=dim, optimizer=optimizer,
+                            initializer=initializers.get(name))
+        features.append(tc.FeatureSpec(name=f"f{name}", input_shape=(8, 1), table=spec))
+    return tc.plan_stacking(features, tc.Topology(global_devices=1, sc_per_device=sc_per_device))
+
+
+def _counting(calls: list[tuple[int, ...]], low: float):
+    def init(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
+        calls.append(tuple(shape))  # once per trace
+        return jax.random.uniform(key, shape, dtype, minval=low, maxval=low + 1.0)
+    return init
+
+
+def _expected(plan: tc.StackingPlan, key: jax.Array) -> dict[str, np.ndarray]:
+    """The reference layout in numpy: the key split per stack, then per partition shard;
+    each table's initializer called eagerly per shard key, its block at the table's rows."""
+    n = plan.num_partitions
+    out = {}
+    for stack_key, (name, stack) in zip(jax.random.split(key, len(plan.stacks)),
+                                        plan.stacks.items(), strict=True):
+        shard_keys = jax.random.split(stack_key, n)
+        table = np.zeros((n, stack.vocab_size // n, stack.embedding_dim), np.float32)
+        for table_name in stack.table_names:
+            setting, spec = plan.table_settings[table_name], plan.tables[table_name]
+            init = spec.initializer or jax.nn.initializers.truncated_normal(
+                stddev=1.0 / np.sqrt(spec.embedding_dim))
+            rows = setting.padded_vocab_size // n
+            for p in range(n):
+                table[p, setting.row_offset_in_shard:setting.row_offset_in_shard + rows] = (
+                    np.asarray(init(shard_keys[p], (rows, stack.embedding_dim), jnp.float32)))
+        out[name] = table.reshape(stack.vocab_size, stack.embedding_dim)
+    return out
+
+
+def test_values_are_the_per_shard_initializer_calls() -> None:
+    calls: list[tuple[int, ...]] = []
+    plan = _plan({"a": _counting(calls, 1.0), "c": _counting(calls, -3.0)})
+    assert len(plan.stacks) == 2
+    for seed in (0, 7):
+        key = jax.random.key(seed)
+        got = ops.init_tables(plan, key)
+        want = _expected(plan, key)
+        assert got.keys() == want.keys()
+        for name, variables in got.items():
+            np.testing.assert_array_equal(np.asarray(variables.table), want[name])
+
+
+def test_a_second_call_with_the_same_layout_does_not_trace_again() -> None:
+    calls: list[tuple[int, ...]] = []
+    init = _counting(calls, 0.0)
+    plan = _plan({"a": init, "b": init, "d": init})
+    first = ops.init_tables(plan, jax.random.key(1))
+    traced = len(calls)
+    assert traced == 3  # one trace per (table, shard shape), all in one program
+    second = ops.init_tables(plan, jax.random.key(2))
+    again = ops.init_tables(_plan({"a": init, "b": init, "d": init}), jax.random.key(1))
+    assert len(calls) == traced  # other keys, an equal plan: the cached program runs
+    for name in plan.stacks:
+        np.testing.assert_array_equal(np.asarray(first[name].table), np.asarray(again[name].table))
+        assert not np.array_equal(np.asarray(first[name].table), np.asarray(second[name].table))
+    ops.init_tables(_plan({"a": init, "b": init, "d": init}, sc_per_device=2), jax.random.key(1))
+    assert len(calls) > traced  # another shard shape is another program
