@@ -26,6 +26,7 @@ from ._device_reference import reference_row_gradients as reference_row_gradient
 from ._entries import DeviceSc as DeviceSc
 from ._entries import Entries as Entries
 from ._minibatches import DeviceScMinibatch as DeviceScMinibatch
+from ._minibatches import bucket_maxima as bucket_maxima
 from ._minibatches import minibatch_of_buckets as minibatch_of_buckets
 from ._minibatches import reference_split as reference_split
 from ._minibatches import row_bucket as row_bucket
@@ -81,6 +82,7 @@ __all__ = [
     "ReferenceResult",
     "ReferenceStack",
     "Stacking",
+    "bucket_maxima",
     "covered_mask",
     "minibatch_of_buckets",
     "preprocess_cases",

@@ -150,3 +150,19 @@ def reference_split(merged: Mapping[DeviceSc, Entries], max_ids: int, max_unique
                 unique[row_bucket(p, int(r), num_partitions)] += 1
             mask |= _tree_split(ids, max_ids) | _tree_split(unique, max_unique)
     return mask
+
+
+def bucket_maxima(merged: Mapping[DeviceSc, Entries], num_partitions: int) -> tuple[int, int]:
+    """Most entries and distinct rows any (SparseCore, partition, bucket) holds.
+
+    These are the tightest limits minibatching can meet without dropping: with
+    them every partition that holds more than one bucket's load must be split.
+    """
+    ids: dict[tuple, int] = {}
+    rows: dict[tuple, set[int]] = {}
+    for key, e in merged.items():
+        for p, r in zip(e.partition, e.local_row, strict=True):
+            k = (key, int(p), row_bucket(int(p), int(r), num_partitions))
+            ids[k] = ids.get(k, 0) + 1
+            rows.setdefault(k, set()).add(int(r))
+    return max(ids.values(), default=1), max((len(v) for v in rows.values()), default=1)
