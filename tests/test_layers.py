@@ -3,15 +3,20 @@
 `tilecore.ops.lookup`/`lookup_grad` and the numpy oracle.
 
 The same checks run on 2 fake CPU devices in a subprocess (this file run as a
-script), since JAX fixes the device count when it starts.
+script), since JAX fixes the device count when it starts. Everything that touches
+the mesh runs under `jit`: outside it, a sharded op runs primitive by primitive,
+each compiled for the mesh on its own, which took minutes. A step compiles once:
+the second and later steps must not compile at all.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.sharding import NamedSharding, PartitionSpec
 
 import tilecore as tc
 from tilecore import layers, ops
@@ -104,27 +110,65 @@ def linen_train_step(model: LinenDLRM, tx: optax.GradientTransformation) -> Any:
     return train_step
 
 
-@nnx.jit
-def nnx_train_step(model: NnxDLRM, optimizer: layers.EmbedOptimizer, batch: Any,
-                   labels: Any) -> tuple[jax.Array, Any]:
-    def loss_fn(model: NnxDLRM) -> jax.Array:
-        return bce(model(batch), labels)
+def nnx_train_step() -> Any:
+    """The train step of the `tilecore.layers._nnx` docstring, plus its activation grads."""
 
-    grad_fn = nnx.value_and_grad(loss_fn, argnums=nnx.DiffState(0, layers.PARAMS_AND_PROBES))
-    loss, grads = grad_fn(model)
-    optimizer.update(model, grads, batch)
-    return loss, grads["embed"]["probe"].get_value()
+    @nnx.jit
+    def train_step(model: NnxDLRM, optimizer: layers.EmbedOptimizer, batch: Any,
+                   labels: Any) -> tuple[jax.Array, Any]:
+        def loss_fn(model: NnxDLRM) -> jax.Array:
+            return bce(model(batch), labels)
+
+        grad_fn = nnx.value_and_grad(loss_fn, argnums=nnx.DiffState(0, layers.PARAMS_AND_PROBES))
+        loss, grads = grad_fn(model)
+        optimizer.update(model, grads, batch)
+        return loss, grads["embed"]["probe"].get_value()
+
+    return train_step
 
 
 def _numpy(tree: Any) -> Any:
     return jax.tree.map(np.asarray, tree)
 
 
+_BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
+
+
+@contextlib.contextmanager
+def counting_compiles() -> Iterator[list[float]]:
+    """Collects the duration of every XLA compilation inside the block."""
+    durations: list[float] = []
+
+    def listener(event: str, duration_secs: float, **_: str | int) -> None:
+        if event == _BACKEND_COMPILE:
+            durations.append(duration_secs)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield durations
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+
+
+def on_mesh(tree: Any, mesh: Any) -> Any:
+    """Replicates over `mesh` the leaves left on one device (dense params, optimizer state).
+
+    A step's outputs come back on the mesh; inputs left on one device would make
+    the second step compile again. Sharded leaves (the tables) stay as they are.
+    """
+    if mesh is None:
+        return tree
+    replicated = NamedSharding(mesh, PartitionSpec())
+    return jax.tree.map(lambda x: x if isinstance(x.sharding, NamedSharding)
+                        else jax.device_put(x, replicated), tree)
+
+
 def check_step(plan: tc.StackingPlan, inputs: dict[str, np.ndarray], batch: Any, before: Any,
                after: Any, acts: Any, act_grads: Any, mesh: Any) -> dict[str, np.ndarray]:
     """One step of a layer against ops and the oracle; returns the arrays compared."""
-    want_acts = ops.lookup(plan, batch, before, mesh=mesh)
-    want_after = ops.lookup_grad(plan, batch, before, act_grads, 0, mesh=mesh)
+    want_acts = jax.jit(functools.partial(ops.lookup, plan, mesh=mesh))(batch, before)
+    want_after = jax.jit(functools.partial(ops.lookup_grad, plan, mesh=mesh))(
+        batch, before, act_grads, 0)
     tables = ops.unshard(plan, {s: v.table for s, v in before.items()})
     slots = {t: (ops.unshard(plan, {s: v.slots[0] for s, v in before.items()})[t],)
              for t in plan.tables}
@@ -152,54 +196,67 @@ def make_mesh(devices: int) -> Any:
     return jax.make_mesh((devices,), (AXIS,), axis_types=(jax.sharding.AxisType.Auto,))
 
 
-def run_linen(devices: int) -> dict[str, np.ndarray]:
+def rows_sharded(tables: Any, mesh: Any) -> np.ndarray:
+    """Whether every table and slot is split by rows over the mesh (vacuously, on one device)."""
+    return np.asarray(mesh is None or all(
+        x.sharding.spec[:1] == (AXIS,) for x in jax.tree.leaves(tables)))
+
+
+def run_linen(devices: int, steps: int = STEPS) -> dict[str, np.ndarray]:
     plan = make_plan(devices)
     mesh = make_mesh(devices)
     model = LinenDLRM(plan, mesh)
     examples = data(plan)
     batches = [layers.LinenEmbed(plan).preprocess(ids)[0] for ids, _ in examples]
-    variables = model.init(jax.random.key(0), batches[0])
+    variables = on_mesh(jax.jit(model.init)(jax.random.key(0), batches[0]), mesh)
     tx = optax.adam(0.02)
-    opt_state = tx.init(variables["params"])
+    opt_state = on_mesh(tx.init(variables["params"]), mesh)
     step_fn = linen_train_step(model, tx)
-    out: dict[str, np.ndarray] = {}
-    losses = []
-    for step in range(STEPS):
+    out = {"rows_sharded": rows_sharded(variables["embeddings"], mesh)}
+    first = jax.tree.map(jnp.copy, variables["embeddings"]["embed"]["tables"])  # step donates
+    acts = jax.jit(layers.LinenEmbed(plan, mesh=mesh).apply)({"embeddings": {"tables": first}},
+                                                             batches[0])
+    losses, compiles = [], []
+    for step in range(steps):
         k = step % len(batches)
-        before = _numpy(variables["embeddings"]["embed"]["tables"])
-        variables, opt_state, loss, act_grads = step_fn(
-            variables, opt_state, batches[k], jnp.asarray(examples[k][1]), step)
+        with counting_compiles() as compiled:
+            variables, opt_state, loss, act_grads = step_fn(
+                variables, opt_state, batches[k], jnp.asarray(examples[k][1]), step)
+        compiles.append(len(compiled))
         losses.append(float(loss))
         if step == 0:
-            first = jax.tree.map(jnp.asarray, before)
-            acts = layers.LinenEmbed(plan, mesh=mesh).apply({"embeddings": {"tables": first}},
-                                                            batches[0])
             out.update(check_step(plan, examples[0][0], batches[0], first,
                                   variables["embeddings"]["embed"]["tables"], acts, act_grads,
                                   mesh))
     out["losses"] = np.asarray(losses)
+    out["compiles"] = np.asarray(compiles)
     return out
 
 
-def run_nnx(devices: int) -> dict[str, np.ndarray]:
+def run_nnx(devices: int, steps: int = STEPS) -> dict[str, np.ndarray]:
     plan = make_plan(devices)
     mesh = make_mesh(devices)
     model = NnxDLRM(plan, nnx.Rngs(0), mesh)
     optimizer = layers.EmbedOptimizer(model, optax.adam(0.02))
+    nnx.update((model, optimizer), on_mesh(nnx.state((model, optimizer)), mesh))
     examples = data(plan)
     batches = [model.embed.preprocess(ids)[0] for ids, _ in examples]
-    out: dict[str, np.ndarray] = {}
-    losses = []
-    for step in range(STEPS):
+    step_fn = nnx_train_step()
+    out = {"rows_sharded": rows_sharded(model.embed.tables.get_value(), mesh)}
+    before = jax.tree.map(jnp.copy, model.embed.tables.get_value())
+    acts = nnx.jit(layers.NnxEmbed.__call__)(model.embed, batches[0])
+    losses, compiles = [], []
+    for step in range(steps):
         k = step % len(batches)
-        before = jax.tree.map(jnp.array, model.embed.tables.get_value())
-        acts = model.embed(batches[k]) if step == 0 else None
-        loss, act_grads = nnx_train_step(model, optimizer, batches[k], jnp.asarray(examples[k][1]))
+        with counting_compiles() as compiled:
+            loss, act_grads = step_fn(model, optimizer, batches[k], jnp.asarray(examples[k][1]))
+        compiles.append(len(compiled))
         losses.append(float(loss))
         if step == 0:
             out.update(check_step(plan, examples[0][0], batches[0], before,
                                   model.embed.tables.get_value(), acts, act_grads, mesh))
     out["losses"] = np.asarray(losses)
+    out["compiles"] = np.asarray(compiles)
     out["steps"] = np.asarray(optimizer.step[...])
     return out
 
@@ -207,6 +264,8 @@ def run_nnx(devices: int) -> dict[str, np.ndarray]:
 def assert_results(out: dict[str, np.ndarray]) -> None:
     losses = out["losses"]
     assert np.all(np.isfinite(losses))
+    assert out["rows_sharded"]
+    assert out["compiles"][0] > 0 and not out["compiles"][1:].any(), out["compiles"]
     assert losses[-4:].mean() < losses[:4].mean() - 0.05, losses
     for key, stacked in out.items():
         if key.startswith("act/"):
@@ -232,11 +291,19 @@ def test_nnx_trains_and_matches_ops_and_oracle() -> None:
     assert_results(out)
 
 
+@pytest.mark.parametrize("run", [run_linen, run_nnx], ids=["linen", "nnx"])
+def test_second_step_does_not_compile(run: Any) -> None:
+    """The first call of a fresh jitted step compiles; later steps (new batch, labels and
+    step number, donated state) reuse it."""
+    compiles = run(1, steps=3)["compiles"]
+    assert compiles[0] > 0, "counting_compiles saw no compilation of a fresh step"
+    np.testing.assert_array_equal(compiles[1:], 0, f"later steps compiled: {compiles}")
+
+
 def worker(out_dir: Path) -> None:
     assert jax.device_count() == 2, jax.devices()
-    with jax.set_mesh(make_mesh(2)):  # ops.embed's VJP reshards to the probe's spec
-        np.savez(out_dir / "linen.npz", **run_linen(2))
-        np.savez(out_dir / "nnx.npz", **run_nnx(2))
+    np.savez(out_dir / "linen.npz", **run_linen(2))  # an Auto mesh needs no jax.set_mesh
+    np.savez(out_dir / "nnx.npz", **run_nnx(2))
 
 
 @pytest.fixture(scope="module")
