@@ -44,7 +44,6 @@ from ..ops import DEFAULT_AXIS, activation_probe, embed, init_tables, lookup_gra
 from ..preprocessing import PreprocessedBatch, PreprocessStats, preprocess
 from ..stacking import StackingPlan
 from ._checks import check_activation_grads, check_batch, check_variables
-from ._placement import place_rows
 
 EMBEDDINGS = "embeddings"
 """Collection of the stacked tables and slots: `{stack: EmbeddingVariables}` per layer."""
@@ -92,9 +91,9 @@ class LinenEmbed(nn.Module):
                 "model.init and pass every collection it returned, e.g. model.apply("
                 "{**variables, 'params': params}, batch)."
             )
-        self.tables = self.variable(EMBEDDINGS, _TABLES, lambda: place_rows(init_tables(
+        self.tables = self.variable(EMBEDDINGS, _TABLES, lambda: init_tables(
             self.plan, self.make_rng("params"), mesh=self.mesh, axis=self.axis,
-            on_host=self.init_on_host), self.mesh, self.axis))
+            on_host=self.init_on_host))
         check_variables(self.plan, self.tables.value, self._where())
         # Without probes (inference) the activations are the same, with no gradient path.
         self.probe = (self.variable(PROBES, _ACTIVATIONS, self._zeros)
@@ -102,8 +101,7 @@ class LinenEmbed(nn.Module):
                       else None)
 
     def _zeros(self) -> dict[str, jax.Array]:
-        return place_rows(activation_probe(self.plan, mesh=self.mesh, axis=self.axis),
-                          self.mesh, self.axis)
+        return activation_probe(self.plan, mesh=self.mesh, axis=self.axis)
 
     def __call__(self, batch: PreprocessedBatch) -> dict[str, jax.Array]:
         """`{feature: [batch, embedding_dim]}` activations of `batch`.

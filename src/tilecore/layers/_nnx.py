@@ -40,7 +40,6 @@ from ..ops import DEFAULT_AXIS, activation_probe, embed, init_tables, lookup_gra
 from ..preprocessing import PreprocessedBatch, PreprocessStats, preprocess
 from ..stacking import StackingPlan
 from ._checks import check_activation_grads, check_batch, check_variables
-from ._placement import place_rows
 
 
 class Tables(nnx.Variable):
@@ -71,9 +70,9 @@ class NnxEmbed(nnx.Module):
         self.plan = plan
         self.mesh = mesh
         self.axis = axis
-        self.tables = Tables(place_rows(init_tables(plan, rngs.params(), mesh=mesh, axis=axis,
-                                                    on_host=init_on_host), mesh, axis))
-        self.probe = Probe(place_rows(activation_probe(plan, mesh=mesh, axis=axis), mesh, axis))
+        self.tables = Tables(init_tables(plan, rngs.params(), mesh=mesh, axis=axis,
+                                         on_host=init_on_host))
+        self.probe = Probe(activation_probe(plan, mesh=mesh, axis=axis))
 
     def preprocess(self, inputs: Mapping[str, Any], weights: Mapping[str, Any] | None = None,
                    **kwargs: Any) -> tuple[PreprocessedBatch, PreprocessStats]:

@@ -21,15 +21,17 @@ from ..preprocessing import PreprocessedBatch
 from ..stacking import StackingPlan
 from ._lookup import DEFAULT_AXIS, lookup
 from ._lookup_grad import lookup_grad
+from ._placement import place_rows
 from ._variables import EmbeddingVariables
 
 
 def activation_probe(plan: StackingPlan, *, mesh: Mesh | None = None,
                      axis: str = DEFAULT_AXIS) -> dict[str, jax.Array]:
-    """Zeros shaped (and, on a mesh, sharded) like every feature's activations."""
+    """Zeros shaped (and, on a mesh, sharded by rows) like every feature's activations."""
     device = None if mesh is None else NamedSharding(mesh, PartitionSpec(axis))
-    return {name: jnp.zeros((f.batch_size, f.table.embedding_dim), jnp.float32, device=device)
-            for name, f in plan.features.items()}
+    return place_rows({name: jnp.zeros((f.batch_size, f.table.embedding_dim), jnp.float32,
+                                       device=device)
+                       for name, f in plan.features.items()}, mesh, axis)
 
 
 def embed(

@@ -19,6 +19,7 @@ from ..optimizers import init_slots
 from ..specs import Initializer
 from ..stacking import StackingPlan
 from ._lookup import DEFAULT_AXIS
+from ._placement import place_rows
 from ._variables import EmbeddingVariables
 
 
@@ -145,4 +146,5 @@ def init_tables(
         slots = init_slots(spec.optimizer, (spec.vocab_size, spec.embedding_dim),
                            sharding=sharding)
         out[name] = EmbeddingVariables(table, slots)
-    return out
+    # device_put does not constrain a traced result (init under jit): pin the rows too.
+    return place_rows(out, mesh, axis)
