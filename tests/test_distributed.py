@@ -3,7 +3,9 @@ their own rows and run the ops on one global mesh; the results equal a single-pr
 run on the global batch. The agreement's failure modes (different plans, different
 batch numbers, a process gone mid-step) raise clear errors on every process, never
 hang. Launches: 2 processes × 2 devices (ops, minibatching, agreement) and
-4 processes × 1 device (ops, agreement); `_distributed_worker.py` is one process.
+4 processes × 1 device (ops, agreement) with the default kernels (numba CPU kernels
+through XLA's FFI), and 2 × 2 (ops) on the pure-XLA path; `_distributed_worker.py` is
+one process.
 
 Fast in-process tests of the same protocol (threads over an in-memory key-value
 store) live in test_distributed_agreement.py.
@@ -19,7 +21,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
@@ -29,8 +31,20 @@ from _distributed_worker import MINIBATCH_LIMIT, OPS_CASE, STEPS, supports_minib
 from _ops_cases import Run, assert_close, run_steps, unshard_state
 
 WORKER = Path(__file__).with_name("_distributed_worker.py")
-LAUNCHES = {2: (2, "ops,minibatching,agreement"), 4: (1, "ops,agreement")}
-"""Processes → (devices per process, parts run); 4 global devices either way."""
+
+
+class Launch(NamedTuple):
+    processes: int
+    devices: int
+    """Per process; 4 global devices in every launch."""
+    parts: str
+    kernels: str
+    """`$TILECORE_KERNELS` of every process."""
+
+
+LAUNCHES = {"2proc": Launch(2, 2, "ops,minibatching,agreement", "auto"),
+            "4proc": Launch(4, 1, "ops,agreement", "auto"),
+            "2proc-xla": Launch(2, 2, "ops", "xla")}
 LAUNCH_TIMEOUT_S = 300
 
 
@@ -47,11 +61,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(processes: int, out: Path) -> Path:
-    devices, parts = LAUNCHES[processes]
-    # TILECORE_KERNELS=xla: the numba CPU kernels (FFI) return wrong activations (NaN
-    # included) when the mesh spans processes; the pure-XLA path is exact. Open issue.
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1", TILECORE_KERNELS="xla",
+def _launch(launch: Launch, out: Path) -> Path:
+    processes, devices, parts, kernels = launch
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1", TILECORE_KERNELS=kernels,
                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
     port = _free_port()
     logs = [open(out / f"log-{p}.txt", "w") for p in range(processes)]  # noqa: SIM115
@@ -86,14 +98,26 @@ def _useful_lines(path: Path) -> list[str]:
             if not line.startswith(("I1", "W1", "I0", "W0", "[Gloo]", "    @"))]
 
 
-@pytest.fixture(scope="module", params=sorted(LAUNCHES), ids=lambda p: f"{p}proc")
+class Launched(NamedTuple):
+    processes: int
+    out: Path
+    parts: str
+    cpu_kernels: bool
+    """Whether the ops must have run the numba CPU kernels (FFI) on every process."""
+
+
+@pytest.fixture(scope="module", params=list(LAUNCHES))
 def launch(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-           ) -> tuple[int, Path]:
+           ) -> Launched:
     reason = _gloo_missing()
     if reason:
         pytest.skip(reason)
-    processes = request.param
-    return processes, _launch(processes, tmp_path_factory.mktemp(f"distributed{processes}"))
+    spec = LAUNCHES[request.param]
+    out = _launch(spec, tmp_path_factory.mktemp(f"distributed-{request.param}"))
+    from tilecore.ops._ffi import unavailable_reason
+
+    return Launched(spec.processes, out, spec.parts,
+                    spec.kernels != "xla" and unavailable_reason() is None)
 
 
 @pytest.fixture(scope="module")
@@ -129,20 +153,21 @@ def _check_equal_to_single_process(per_process: list[dict[str, np.ndarray]], one
                     assert_close(x, y, f"{what}: {table}[{k}] after step {step}")
 
 
-def test_ops_equal_single_process(launch: tuple[int, Path], single_process: Run) -> None:
+def test_ops_equal_single_process(launch: Launched, single_process: Run) -> None:
     """Activations and SGD / Adagrad tables and slots after every step equal one process's."""
-    processes, out = launch
+    processes, out, _, cpu_kernels = launch
+    for p, arrays in enumerate(_ops(out, "plain", processes)):
+        assert bool(arrays["cpu_kernels"]) == cpu_kernels, f"process {p} ran the other kernels"
     _check_equal_to_single_process(_ops(out, "plain", processes), single_process,
                                    f"{processes} processes")
 
 
-def test_minibatched_ops_equal_single_pass(launch: tuple[int, Path], single_process: Run
-                                           ) -> None:
+def test_minibatched_ops_equal_single_pass(launch: Launched, single_process: Run) -> None:
     """Minibatching split agreed over processes: the same minibatch count as one process
     with every device, and the results of one unlimited pass."""
-    processes, out = launch
-    if "minibatching" not in LAUNCHES[processes][1]:
-        pytest.skip("minibatching runs in the 2-process launch only (compile time)")
+    processes, out, parts, _ = launch
+    if "minibatching" not in parts:
+        pytest.skip("minibatching runs in the first 2-process launch only (compile time)")
     if not supports_minibatching():
         pytest.skip("tc.preprocess takes no agreement yet (host minibatching not landed)")
     per_process = _ops(out, "minibatching", processes)
@@ -159,22 +184,24 @@ def test_minibatched_ops_equal_single_pass(launch: tuple[int, Path], single_proc
                                    f"{processes} processes, minibatched")
 
 
-def _agreements(out: Path, processes: int) -> list[dict[str, Any]]:
+def _agreements(launch: Launched) -> list[dict[str, Any]]:
+    processes, out, parts, _ = launch
+    if "agreement" not in parts:
+        pytest.skip("this launch runs no agreement scenarios (they do not depend on kernels)")
     return [json.loads((out / f"agreement-{p}.json").read_text()) for p in range(processes)]
 
 
-def test_all_reduce_or_and_key_cleanup(launch: tuple[int, Path]) -> None:
-    processes, out = launch
-    for seen in _agreements(out, processes):
+def test_all_reduce_or_and_key_cleanup(launch: Launched) -> None:
+    processes = launch.processes
+    for seen in _agreements(launch):
         assert seen["or"] == (1 << processes) - 1
         assert seen["split"] == 1 << 63
         assert seen["own_keys_after_22_calls"] == 1  # only the last call's key is kept
 
 
-def test_stats_merged_over_processes(launch: tuple[int, Path]) -> None:
+def test_stats_merged_over_processes(launch: Launched) -> None:
     """Element-wise max of every process's statistics, drops summed, the same everywhere."""
-    processes, out = launch
-    seen = [s["stats"] for s in _agreements(out, processes)]
+    seen = [s["stats"] for s in _agreements(launch)]
     for field in ("max_ids_per_partition", "max_unique_ids_per_partition",
                   "required_buffer_size_per_sc"):
         for stack in seen[0][f"local/{field}"]:
@@ -188,10 +215,10 @@ def test_stats_merged_over_processes(launch: tuple[int, Path]) -> None:
     assert any(local[0] != other for other in local[1:])  # the merge had work to do
 
 
-def test_different_plans_raise_on_every_process(launch: tuple[int, Path]) -> None:
-    processes, out = launch
+def test_different_plans_raise_on_every_process(launch: Launched) -> None:
+    processes = launch.processes
     last = processes - 1
-    for seen in _agreements(out, processes):
+    for seen in _agreements(launch):
         message = seen["plan_error"]
         assert message is not None
         assert "processes hold different plans (differing: stack 'a')" in message
@@ -199,9 +226,8 @@ def test_different_plans_raise_on_every_process(launch: tuple[int, Path]) -> Non
             message)
 
 
-def test_different_batch_numbers_raise_on_every_process(launch: tuple[int, Path]) -> None:
-    processes, out = launch
-    for p, seen in enumerate(_agreements(out, processes)):
+def test_different_batch_numbers_raise_on_every_process(launch: Launched) -> None:
+    for p, seen in enumerate(_agreements(launch)):
         message = seen["batch_error"]
         assert message is not None
         if p == 0:
@@ -212,11 +238,11 @@ def test_different_batch_numbers_raise_on_every_process(launch: tuple[int, Path]
                 message)
 
 
-def test_process_gone_mid_step_times_out_naming_it(launch: tuple[int, Path]) -> None:
+def test_process_gone_mid_step_times_out_naming_it(launch: Launched) -> None:
     """The last process exits between two calls: the others raise TimeoutError naming it
     after the agreement's 2 s timeout, not later and not never."""
-    processes, out = launch
-    for seen in _agreements(out, processes)[:-1]:
+    processes = launch.processes
+    for seen in _agreements(launch)[:-1]:
         assert f"processes [{processes - 1}] did not reach batch 1, round 'required' within 2 s" in (
             seen["timeout_error"])
         assert 1.9 <= seen["timeout_after_s"] < 15

@@ -237,6 +237,53 @@ def test_kernel_runs_per_device_inside_shard_map() -> None:
     assert "shard_map ok" in result.stdout
 
 
+def test_probe_runs_on_a_device_of_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With several processes `jax.devices()[0]` belongs to process 0: a probe run there
+    failed on every other process, which then silently took the XLA path while process 0
+    ran the kernels (mismatched collectives: wrong activations, NaN)."""
+    elsewhere = object()  # stands for another process's device: nothing can run on it
+    monkeypatch.setattr(jax, "devices", lambda *_, **__: [elsewhere])
+    _ffi.unavailable_reason.cache_clear()
+    try:
+        assert _ffi.unavailable_reason() is None
+    finally:
+        _ffi.unavailable_reason.cache_clear()
+
+
+class _MemoryStore:
+    """The part of JAX's distributed key-value store the kernel choice uses."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, str] = {}
+
+    def key_value_set(self, key: str, value: str, allow_overwrite: bool = False) -> None:
+        assert allow_overwrite or key not in self.values
+        self.values[key] = value
+
+    def key_value_dir_get(self, key: str) -> list[tuple[str, str]]:
+        return [(k, v) for k, v in sorted(self.values.items()) if k.startswith(key)]
+
+
+def test_processes_choosing_different_kernels_raise(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tilecore.distributed import _exchange
+    from tilecore.ops import _cpu_kernels
+
+    store = _MemoryStore()
+    monkeypatch.setattr(_exchange, "jax_store", lambda: store)
+    monkeypatch.setattr(jax, "process_count", lambda: 3)
+    for process in (0, 1):
+        monkeypatch.setattr(jax, "process_index", lambda process=process: process)
+        _cpu_kernels._check_same_choice_as_peers(None)
+        _cpu_kernels._check_same_choice_as_peers(None)  # deciding again is fine
+    monkeypatch.setattr(jax, "process_index", lambda: 2)
+    with pytest.raises(RuntimeError, match=(
+            r"Process 2 runs the ops with xla \(\$TILECORE_KERNELS=xla\) but process 0 with "
+            r"ffi: .* Set \$TILECORE_KERNELS to the same value")):
+        _cpu_kernels._check_same_choice_as_peers("$TILECORE_KERNELS=xla")
+    monkeypatch.setattr(jax, "process_count", lambda: 1)  # one process: nothing to agree on
+    _cpu_kernels._check_same_choice_as_peers("$TILECORE_KERNELS=xla")
+
+
 def _benchmark() -> None:
     """Timings for the report: `python tests/test_ffi.py` (prints medians in ms / µs)."""
     import numba

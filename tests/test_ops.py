@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -37,6 +39,7 @@ from _ops_cases import (
     unshard_state,
 )
 from tilecore import ops
+from tilecore.ops._cpu_kernels import use_cpu_kernels
 from tilecore.testing import (
     PreprocessCase,
     preprocess_cases,
@@ -259,17 +262,39 @@ def test_init_tables_on_host_equals_on_device() -> None:
 # --- lookup and lookup_grad against the oracle ---------------------------------------------
 
 
-KERNELS = ("ffi", "xla")
-"""`$TILECORE_KERNELS`: one device runs numba CPU kernels (ffi) or plain XLA ops."""
+@pytest.fixture(params=["ffi", "xla"])
+def kernels(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """`$TILECORE_KERNELS`: numba CPU kernels (ffi) or plain XLA ops. The choice is
+    cached per process, so the cache is cleared before and after: each test runs the
+    kernels it names, whichever ran before it."""
+    monkeypatch.setenv("TILECORE_KERNELS", request.param)
+    use_cpu_kernels.cache_clear()
+    yield request.param
+    monkeypatch.undo()
+    use_cpu_kernels.cache_clear()
 
 
-@pytest.mark.parametrize("kernels", KERNELS)
+def _custom_calls(case: Case) -> set[str]:
+    """The FFI targets the jitted lookup of `case` calls (empty on the pure-XLA path)."""
+    plan = case.plan()
+    batch, _ = preprocess(plan, *case.batch(0))
+    lowered = jax.jit(lambda b, t: ops.lookup(plan, b, t)).lower(
+        batch, ops.shard(plan, case.table_values()))
+    return set(re.findall(r"custom_call @(tilecore_\w+)", lowered.as_text()))
+
+
+def test_kernels_setting_picks_the_path(kernels: str) -> None:
+    assert use_cpu_kernels() == (kernels == "ffi")
+    calls = _custom_calls(CASES[next(iter(CASES))])
+    assert bool(calls) == (kernels == "ffi"), calls
+
+
 @pytest.mark.parametrize("name", CASES)
-def test_ops_match_oracle(name: str, kernels: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ops_match_oracle(name: str, kernels: str) -> None:
     """3 steps of jitted lookup + lookup_grad (donated): activations, tables and slots
     equal the oracle's, untouched rows and slots are bit-unchanged, and the second and
     third steps reuse the first step's compilation."""
-    monkeypatch.setenv("TILECORE_KERNELS", kernels)
+    assert use_cpu_kernels() == (kernels == "ffi")
     case = CASES[name]
     run = run_steps(case)
     assert run.traces == {"lookup": 1, "lookup_grad": 1}

@@ -27,16 +27,52 @@ _jit = numba.njit(nogil=True, cache=True, error_model="numpy", boundscheck=False
 
 @cache
 def use_cpu_kernels() -> bool:
-    """Whether the ops run their CPU kernels (`$TILECORE_KERNELS`: auto, ffi or xla)."""
+    """Whether the ops run their CPU kernels (`$TILECORE_KERNELS`: auto, ffi or xla).
+
+    Decided once per process; in a multi-process run every process must decide the
+    same (checked against the peers that decided before, see below).
+    """
     choice = os.environ.get(KERNELS_ENV, "auto").lower()
     if choice not in ("auto", "ffi", "xla"):
         raise ValueError(f"${KERNELS_ENV} must be auto, ffi or xla; got {choice!r}.")
     if choice == "xla" or (choice == "auto" and jax.default_backend() != "cpu"):
-        return False
-    reason = unavailable_reason()
-    if reason is not None and choice == "ffi":
-        raise RuntimeError(f"${KERNELS_ENV}=ffi but the CPU kernels are unavailable: {reason}")
+        reason: str | None = f"${KERNELS_ENV}={choice}, backend {jax.default_backend()}"
+    else:
+        reason = unavailable_reason()
+        if reason is not None and choice == "ffi":
+            raise RuntimeError(
+                f"${KERNELS_ENV}=ffi but the CPU kernels are unavailable: {reason}")
+    _check_same_choice_as_peers(reason)
     return reason is None
+
+
+_CHOICE_KEY = "tilecore/cpu_kernels/"
+
+
+def _check_same_choice_as_peers(reason: str | None) -> None:
+    """Publish this process's kernel choice; raise if a peer already chose differently.
+
+    The two paths compile to different programs whose collectives XLA schedules in
+    a different order; in a multi-process run gloo then pairs one process's
+    all-to-all with another's of a different operand (wrong activations, NaN).
+    Never blocks (the first process to decide cannot see the others, a later one
+    can): every process must make the same choice, and this catches most that don't.
+    """
+    from ..distributed._exchange import jax_store
+
+    store = jax_store()
+    if store is None or jax.process_count() == 1:
+        return
+    mine = "ffi" if reason is None else f"xla ({reason})"
+    me = jax.process_index()
+    store.key_value_set(f"{_CHOICE_KEY}{me}", mine, allow_overwrite=True)
+    for key, theirs in store.key_value_dir_get(_CHOICE_KEY):
+        if theirs.split(" ")[0] != mine.split(" ")[0]:
+            raise RuntimeError(
+                f"Process {me} runs the ops with {mine} but process "
+                f"{key.rsplit('/', 1)[-1]} with {theirs}: every process must run the same "
+                f"kernels (their collectives must match). Set ${KERNELS_ENV} to the same "
+                "value (ffi or xla) on every process.")
 
 
 @_jit

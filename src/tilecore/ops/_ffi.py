@@ -332,7 +332,9 @@ def unavailable_reason() -> str | None:
     if not all(hasattr(jax.ffi, f) for f in ("ffi_call", "register_ffi_target", "pycapsule")):
         return f"jax {jax.__version__} lacks jax.ffi.ffi_call/register_ffi_target"
     try:
-        cpu = jax.devices("cpu")[0]
+        # A device of this process: with several processes `jax.devices()` lists every
+        # process's devices, and process 0's device cannot run this process's probe.
+        cpu = jax.local_devices(backend="cpu")[0]
         rng = np.random.default_rng(0)
         table = rng.standard_normal((5, 3)).astype(np.float32)
         row = np.array([0, 4, 2, 1], np.int32)

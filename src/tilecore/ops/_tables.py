@@ -138,7 +138,7 @@ def init_tables(
     sharding = None if mesh is None else NamedSharding(mesh, PartitionSpec(axis, None))
     initialize = _plan_initializer(
         plan.num_partitions, tuple(_stack_signature(plan, name) for name in plan.stacks))
-    with jax.default_device(jax.devices("cpu")[0] if on_host else None):
+    with jax.default_device(jax.local_devices(backend="cpu")[0] if on_host else None):
         tables = initialize(key)
     out = {}
     for (name, spec), table in zip(plan.stacks.items(), tables, strict=True):
