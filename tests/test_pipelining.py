@@ -154,17 +154,31 @@ def _variables(case: Case, plan: tc.StackingPlan) -> dict[str, ops.EmbeddingVari
 
 
 def device_loop(case: Case, *, pipelined: bool, devices: int = 1, mesh: Any = None,
-                steps: int = STEPS) -> tuple[Trajectory, int]:
-    """The loop through `run_loop`; also returns how many programs it compiled."""
+                steps: int = STEPS, place_inputs: bool = False) -> tuple[Trajectory, int]:
+    """The loop through `run_loop`; also returns how many programs it compiled.
+
+    With `place_inputs` every batch is put on the mesh before the step sees it,
+    split by its leading dimension (as `tilecore train` does); else it stays numpy.
+    """
     plan = case.plan(devices)
     step = pl.TrainStep(stages=_stages(plan, mesh), pipelined=pipelined)
     params = jax.tree.map(jnp.asarray, _initial_params(case))
-    first = _inputs(case, plan, 0)
+
+    def inputs(j: int) -> pl.StepInput:
+        host = _inputs(case, plan, j)
+        if not place_inputs:
+            return host
+        split, replicated = (jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*s))
+                             for s in ((AXIS,), ()))
+        return jax.device_put(host, jax.tree.map(
+            lambda x: split if np.ndim(x) else replicated, host))
+
+    first = inputs(0)
     state = step.init(_variables(case, plan), pl.DenseState.create(params, optax.sgd(DENSE_LR)),
                       first)
     if mesh is not None:
         state = jax.device_put(state, pl.train_state_sharding(state, mesh))
-    batches = (first if j == 0 else _inputs(case, plan, j) for j in range(steps))
+    batches = (first if j == 0 else inputs(j) for j in range(steps))
     run = pl.run_loop(step, state, batches)
     with count_compiles() as compiles:
         results = list(run)
@@ -350,6 +364,11 @@ def test_misuse_is_explained() -> None:
         pl.TrainStep(stages=stages, pipelined=True)(plain, first)
     assert list(pl.run_loop(pl.TrainStep(stages=stages), plain._replace(
         pipeline=None), [])) == []
+    # A TC stage that changes the dense state's structure would compile every call.
+    retyped = dataclasses.replace(stages, tc=lambda *args: stages.tc(*args)._replace(
+        dense_state=tuple(stages.tc(*args).dense_state)))
+    with pytest.raises(ValueError, match=r"another structure.*DenseState"):
+        pl.TrainStep(stages=retyped, pipelined=False)(plain, first)
 
 
 def test_public_names() -> None:
@@ -360,39 +379,47 @@ def test_public_names() -> None:
 # --- two devices ---------------------------------------------------------------------------
 
 
+# (mesh axis type, inputs placed on the mesh): the test's host inputs on jax.make_mesh's
+# default explicit axes, and the placed inputs of `tilecore train` on its auto axes.
+TWO_DEVICE_RUNS = {"explicit-host": (jax.sharding.AxisType.Explicit, False),
+                   "auto-placed": (jax.sharding.AxisType.Auto, True)}
+TWO_DEVICE_OPTIMIZER = "adagrad"  # one with a slot; SGD adds only run time
+
+
 def worker(out: Path) -> None:
-    """In the subprocess: the pipelined loop on a 2-device mesh, saved as npz."""
+    """In the subprocess: the pipelined loop on 2-device meshes, saved as npz."""
     assert jax.device_count() == 2, jax.devices()
-    mesh = jax.make_mesh((2,), (AXIS,))
-    for optimizer in TWO_DEVICE_OPTIMIZERS:
-        got, _ = device_loop(_case(optimizer), pipelined=True, devices=2, mesh=mesh)
-        arrays = {"losses": np.asarray(got.losses)}
+    for name, (axis_type, place_inputs) in TWO_DEVICE_RUNS.items():
+        mesh = jax.make_mesh((2,), (AXIS,), axis_types=(axis_type,))
+        got, compiles = device_loop(_case(TWO_DEVICE_OPTIMIZER), pipelined=True, devices=2,
+                                    mesh=mesh, place_inputs=place_inputs)
+        arrays = {"losses": np.asarray(got.losses), "compiles": np.asarray(compiles)}
         arrays.update({f"table/{n}": t for n, t in got.tables.items()})
         arrays.update({f"slot/{n}/{k}": s for n, slots in got.slots.items()
                        for k, s in enumerate(slots)})
-        np.savez(out / f"{optimizer}.npz", allow_pickle=False, **arrays)
-
-
-TWO_DEVICE_OPTIMIZERS = ("adagrad",)  # one with a slot; SGD adds only run time
+        np.savez(out / f"{name}.npz", allow_pickle=False, **arrays)
 
 
 def test_two_devices_equal_one_device(tmp_path: Path) -> None:
     """The pipelined loop on a 2-device mesh (state placed with `train_state_sharding`)
-    equals the 1-device loop: losses, tables and slots."""
+    equals the 1-device loop: losses, tables and slots; and, since every call's state
+    comes back placed as it went in and the drain's placeholders are placed like the
+    batches, the whole loop compiles two programs (real and fake TC), with host or
+    placed inputs, on explicit or auto mesh axes."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", TILECORE_KERNELS="xla", XLA_FLAGS=" ".join(
         [os.environ.get("XLA_FLAGS", ""), "--xla_force_host_platform_device_count=2"]).strip())
     done = subprocess.run([sys.executable, __file__, str(tmp_path)], env=env,
                           capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, f"worker failed:\n{done.stdout}\n{done.stderr}"
-    for optimizer in TWO_DEVICE_OPTIMIZERS:
-        one, _ = device_loop(_case(optimizer), pipelined=True)
-        with np.load(tmp_path / f"{optimizer}.npz") as two:
-            assert_close(two["losses"], one.losses, f"{optimizer}: losses", rtol=1e-4)
+    one, _ = device_loop(_case(TWO_DEVICE_OPTIMIZER), pipelined=True)
+    for run in TWO_DEVICE_RUNS:
+        with np.load(tmp_path / f"{run}.npz") as two:
+            assert int(two["compiles"]) == 2, f"{run}: {int(two['compiles'])} compilations"
+            assert_close(two["losses"], one.losses, f"{run}: losses", rtol=1e-4)
             for name, t in one.tables.items():
-                assert_close(two[f"table/{name}"], t, f"{optimizer}: table {name}", rtol=1e-4)
+                assert_close(two[f"table/{name}"], t, f"{run}: table {name}", rtol=1e-4)
                 for k, s in enumerate(one.slots[name]):
-                    assert_close(two[f"slot/{name}/{k}"], s, f"{optimizer}: {name}[{k}]",
-                                 rtol=1e-4)
+                    assert_close(two[f"slot/{name}/{k}"], s, f"{run}: {name}[{k}]", rtol=1e-4)
 
 
 if __name__ == "__main__":

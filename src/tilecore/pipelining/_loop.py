@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
+from ._sharding import place_like
 from ._state import TrainState, placeholder_input
 from ._train_step import TrainStep
 from ._types import StepInput
@@ -23,7 +24,8 @@ class TrainingRun(Iterator[StepResult]):
     A pipelined run makes `pipeline_steps(n)` calls for n batches: call 0 fills
     the pipeline (SC forward of step 0 only), call k ≤ n yields the outputs of
     step k−1, call n+1 drains it (SC backward of the last step). The drain
-    inputs are an empty batch and zero dense inputs shaped like the first batch.
+    inputs are an empty batch and zero dense inputs shaped like the first batch
+    (and placed like it, so the drain reuses the programs of the other calls).
     The last result is yielded after the drain call, so when the loop ends every
     table update has been applied. A plain run makes one call per batch.
 
@@ -49,7 +51,7 @@ class TrainingRun(Iterator[StepResult]):
         first = next(batches, None)
         if first is None:
             return
-        dummy = placeholder_input(first)
+        dummy = place_like(placeholder_input(first), first)
         self.state, _ = step(self.state, first, fake_tc_step=True)
         last = 0
         for last, inputs in enumerate(batches, start=1):

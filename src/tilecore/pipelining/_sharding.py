@@ -4,6 +4,10 @@ Tables and slots are split by rows over the embedding axis (as `init_tables`
 places them); batches by their leading device dimension; activations,
 activation gradients and dense inputs by their leading (batch) dimension;
 scalars, aux values and the dense state are replicated unless you say otherwise.
+
+The step keeps whatever placement it is given (`mesh_shardings`): a jitted
+function's cache key includes its arguments' shardings, so a state that came
+back placed differently from how it went in would compile the step again.
 """
 
 from __future__ import annotations
@@ -92,3 +96,23 @@ def train_state_sharding(
         None if state.pipeline is None else pipeline_state_sharding(
             state.pipeline, mesh, axis=axis, **pipeline_options),
     ))
+
+
+def mesh_shardings(tree: Any) -> Any:
+    """The `NamedSharding` of every array of `tree` placed on a mesh; None for the others.
+
+    None (host arrays, arrays on one device) means "unpinned" both as a jit
+    `out_shardings` leaf and for `place_like`, so an unplaced state behaves as before.
+    """
+    return jax.tree.map(lambda x: x.sharding if isinstance(x, jax.Array) and isinstance(
+        x.sharding, NamedSharding) else None, tree)
+
+
+def place_like(tree: Any, like: Any) -> Any:
+    """`tree` with each leaf put where the matching leaf of `like` is, if on a mesh.
+
+    For inputs made on the host (the drain's placeholders) that must reach the
+    step placed like the real inputs, or the step would compile once more for them.
+    """
+    return jax.tree.map(lambda x, s: x if s is None else jax.device_put(x, s), tree,
+                        mesh_shardings(like))

@@ -82,8 +82,10 @@ def empty_batch(like: PreprocessedBatch) -> PreprocessedBatch:
             gains=full(buffers.gains, np.nan),
         )
 
+    # `int`: a fresh host value even when `like` is on the devices, so that no buffer of
+    # the placeholder is one of `like`'s (a state holding it could not be donated).
     return PreprocessedBatch(stacks={name: empty(b) for name, b in like.stacks.items()},
-                             num_minibatches=like.num_minibatches)
+                             num_minibatches=int(like.num_minibatches))
 
 
 def placeholder_input(like: StepInput) -> StepInput:

@@ -9,6 +9,7 @@ from typing import Any
 
 import jax
 
+from ._sharding import mesh_shardings
 from ._state import TrainState
 from ._step import initial_state, pipelined_step, plain_step
 from ._types import Stages, StepInput, StepOutput, Variables
@@ -20,9 +21,12 @@ class TrainStep:
 
     `step(state, inputs, fake_tc_step=...)` runs `pipelined_step` or `plain_step`
     compiled once per value of the static `fake_tc_step` (a pipelined loop needs
-    two programs, a plain loop one). With `donate` the state's buffers are
-    reused for the new state, so tables are updated in place: do not use a state
-    after passing it in.
+    two programs, a plain loop one). The new state is placed exactly like the
+    state passed in (its arrays on a mesh keep their `NamedSharding`, e.g. from
+    `train_state_sharding`), so every later call finds the same input placement
+    and reuses those programs. With `donate` the state's buffers are reused for
+    the new state, so tables are updated in place: do not use a state after
+    passing it in.
 
     Attributes:
       stages: the stage functions (`sparsecore_stages`).
@@ -42,10 +46,51 @@ class TrainStep:
 
     @functools.cached_property
     def jitted(self) -> Callable[..., tuple[TrainState, StepOutput]]:
-        """The compiled step function `(state, inputs, *, fake_tc_step)` (for inspection)."""
+        """The compiled step function `(state, inputs, *, fake_tc_step)` (for inspection).
+
+        Its output placement is left to the compiler; calling the `TrainStep`
+        pins it to the input state's (see `jitted_for`).
+        """
+        return self._jit(None)
+
+    def jitted_for(self, state: TrainState) -> Callable[..., tuple[TrainState, StepOutput]]:
+        """The compiled step function that returns its state placed like `state`.
+
+        One function per placement (the same one for every state of a loop, as
+        each call's output is placed like its input); `jitted` when no array of
+        `state` is on a mesh.
+        """
+        shardings = mesh_shardings(state)
+        leaves, treedef = jax.tree.flatten(shardings, is_leaf=lambda x: x is None)
+        if all(s is None for s in leaves):
+            return self.jitted
+        key = (treedef, tuple(leaves))
+        if key not in self._pinned:
+            self._pinned[key] = self._jit(shardings)
+        return self._pinned[key]
+
+    @functools.cached_property
+    def _pinned(self) -> dict[Any, Callable[..., tuple[TrainState, StepOutput]]]:
+        return {}
+
+    def _jit(self, state_shardings: Any) -> Callable[..., tuple[TrainState, StepOutput]]:
         step = pipelined_step if self.pipelined else plain_step
-        return jax.jit(functools.partial(step, self.stages), static_argnames="fake_tc_step",
-                       donate_argnums=0 if self.donate else ())
+
+        def run(state: TrainState, inputs: StepInput, *, fake_tc_step: bool
+                ) -> tuple[TrainState, StepOutput]:
+            new, out = step(self.stages, state, inputs, fake_tc_step=fake_tc_step)
+            if (before := jax.tree.structure(state)) != (after := jax.tree.structure(new)):
+                raise ValueError(
+                    "The step returned a state of another structure than it was given, so "
+                    f"every call would compile anew: given {before}, returned {after}. "
+                    "Make the TC stage return its dense state (and the SC backward stage "
+                    "its variables) in the structure it receives them.")
+            return new, out
+
+        return jax.jit(run, static_argnames="fake_tc_step",
+                       donate_argnums=0 if self.donate else (),
+                       out_shardings=None if state_shardings is None else (state_shardings,
+                                                                           None))
 
     def __call__(self, state: TrainState, inputs: StepInput, *, fake_tc_step: bool = False
                  ) -> tuple[TrainState, StepOutput]:
@@ -53,4 +98,4 @@ class TrainStep:
             kind = "pipelined" if self.pipelined else "plain"
             raise ValueError(f"A {kind} TrainStep got a state built for the other kind; "
                              f"build it with this step's init().")
-        return self.jitted(state, inputs, fake_tc_step=fake_tc_step)
+        return self.jitted_for(state)(state, inputs, fake_tc_step=fake_tc_step)
