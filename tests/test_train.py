@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import jax
@@ -24,7 +25,8 @@ from tilecore.training import _tables
 
 TINY = ["--batch-size", "64", "--vocab-sizes", "40,300,200,60", "--sc-per-device", "2",
         "--embedding-dim", "8", "--eval-batches", "1", "--tune-batches", "1", "--threads", "1"]
-JSON_KEYS = ("examples_per_s", "auc", "loss", "dropped_ids", "num_minibatches")
+JSON_KEYS = ("examples_per_s", "auc", "loss", "dropped_ids", "num_minibatches",
+             "minibatched_steps", "mean_minibatches")
 
 
 def brute_force_auc(labels: np.ndarray, scores: np.ndarray) -> float:
@@ -112,7 +114,9 @@ def test_prefetcher_closes_early_without_deadlock() -> None:
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path, dict]:
     out = tmp_path_factory.mktemp("train")
-    status = main(["train", "--steps", "4", "--eval-every", "2", *TINY, "--out", str(out),
+    # No headroom over one tune batch: later batches exceed the limits and are split.
+    status = main(["train", "--steps", "4", "--eval-every", "2", *TINY, "--headroom", "0",
+                   "--out", str(out),
                    "--json", str(out / "result.json"), "--profile", str(out / "trace")])
     return status, out, json.loads((out / "result.json").read_text())
 
@@ -120,9 +124,13 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path, dict]
 def test_tiny_run_writes_summary_plots_and_checkpoint(tiny_run: tuple[int, Path, dict]) -> None:
     status, out, result = tiny_run
     assert status == 0
-    assert list(result)[:5] == list(JSON_KEYS)
+    assert list(result)[:len(JSON_KEYS)] == list(JSON_KEYS)
     assert result["examples_per_s"] > 0 and 0 <= result["auc"] <= 1 and result["loss"] > 0
-    assert result["num_minibatches"] == 4 and result["dropped_ids"] >= 0
+    # Minibatching (on by default) splits the batches over the limits: nothing is dropped.
+    assert result["minibatching"] is True and result["dropped_ids"] == 0
+    assert result["num_minibatches"] > 1 and 1 <= result["minibatched_steps"] <= 4
+    assert 1 < result["mean_minibatches"] <= result["num_minibatches"]
+    assert np.all(np.isfinite(result["train_losses"])) and np.isfinite(result["loss"])
     assert result["steps"] == 4 and result["pipelining"] is True and result["start_step"] == 0
     assert [e["step"] for e in result["evals"]] == [2, 4] and len(result["train_losses"]) == 4
     assert result["topology"] == "1x2" and set(result["limits"]) == set(result["partition_load"])
@@ -221,7 +229,8 @@ def test_resume_equals_training_straight(
     straight, again, straight_dir = resumed
     assert again.summary.start_step == 3 and len(again.summary.train_losses) == 2
     assert again.summary.train_losses == straight.summary.train_losses[3:]
-    assert again.summary.auc == straight.summary.auc and again.summary.num_minibatches == 2
+    assert again.summary.auc == straight.summary.auc
+    assert again.summary.minibatched_steps <= 2 and straight.summary.dropped_ids == 0
     _states_equal(again.state, straight.state)
     assert checkpoint.available_steps(straight_dir) == (4, 5)  # every 2 and the end; 2 kept
     saved = training.restore_checkpoint(straight_dir, straight.plan, straight.state.dense)
@@ -282,4 +291,87 @@ def test_two_devices_in_a_subprocess(tmp_path: Path) -> None:
     result = json.loads((tmp_path / "summary.json").read_text())
     assert result["devices"] == 2 and result["topology"] == "2x2"
     assert "running again" not in proc.stdout  # the flag was set before JAX started
-    assert np.isfinite(result["loss"]) and result["num_minibatches"] == 2
+    assert np.isfinite(result["loss"]) and result["dropped_ids"] == 0
+    assert result["minibatching"] is True and result["num_minibatches"] >= 1
+
+
+def test_without_minibatching_ids_over_the_limits_are_dropped(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["train", "--steps", "4", "--eval-every", "4", *TINY, "--headroom", "0",
+            "--no-minibatching", "--no-pipelining", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    result = json.loads((tmp_path / "summary.json").read_text())
+    assert result["minibatching"] is False and result["dropped_ids"] > 0  # same data as tiny_run
+    assert (result["num_minibatches"], result["minibatched_steps"]) == (1, 0)
+    assert result["mean_minibatches"] == 1.0
+    assert "minibatching  off: IDs over the limits are dropped" in capsys.readouterr().out
+
+
+def test_summary_text_counts_split_steps(
+        resumed: tuple[training.TrainResult, training.TrainResult, Path]) -> None:
+    s = resumed[0].summary
+    assert (f"minibatching  on: {s.minibatched_steps} of 5 steps split, at most "
+            f"{s.num_minibatches} minibatches per step (mean {s.mean_minibatches:.3f})"
+            in s.format())
+
+
+def _tight_plan(source: data.ClickDataset, divisor: int) -> tc.StackingPlan:
+    """The tiny model's plan with limits of 1/`divisor` of what a batch needs."""
+    plan = tc.plan_stacking(training.click_features(source, _tiny_config()),
+                            tc.Topology(global_devices=1, sc_per_device=2))
+    with warnings.catch_warnings():  # the default limits may drop: only the counts matter
+        warnings.simplefilter("ignore", tc.IdDroppingWarning)
+        _, stats = tc.preprocess(plan.with_config(allow_id_dropping=True),
+                                 source.train_batch(0).sparse, num_threads=1)
+    for name in plan.stacks:
+        plan = plan.with_stack_limits(
+            name,
+            max_ids_per_partition=int(stats.max_ids_per_partition[name].max()) // divisor,
+            max_unique_ids_per_partition=int(
+                stats.max_unique_ids_per_partition[name].max()) // divisor,
+            suggested_coo_buffer_size_per_device=64)  # FDO's would be bigger; it is raised
+    return plan.with_config(allow_id_dropping=True)
+
+
+# (limits divisor, batches): 4-5 minibatches, and 8 (batches 0 and 3 at divisor 3 have a
+# row alone over a limit, which no split helps).
+@pytest.mark.parametrize(("divisor", "batches"), [(2, (0, 1, 2, 3)), (3, (1, 2))])
+def test_minibatching_plan_buffers_hold_split_batches(divisor: int, batches: tuple[int, ...]
+                                                       ) -> None:
+    source = _tiny_source()
+    plan = _tight_plan(source, divisor)
+    mb = training.minibatching_plan(plan)
+    assert mb.config.enable_minibatching and mb.config.allow_id_dropping
+    s, n = 2, 2
+    for name, stack in mb.stacks.items():  # its inputs' IDs + 8-alignment of 8·N segments per SC
+        ids = sum(int(np.prod(f.input_shape)) for f in plan.stack_features(name))
+        want = -(-(ids + s * (7 * n * 8 + 7)) // (8 * s)) * 8 * s
+        assert stack.suggested_coo_buffer_size_per_device == want
+        assert stack.max_ids_per_partition == plan.stacks[name].max_ids_per_partition
+        assert want < tc.coo_buffer_size_per_device(  # far below the reference's 64x maximum
+            dataclasses.replace(stack, suggested_coo_buffer_size_per_device=None),
+            plan.topology, enable_minibatching=True) // 4
+    split = []
+    strict = mb.with_config(allow_id_dropping=False)  # raises if anything would be dropped
+    for i in batches:
+        batch, _ = tc.preprocess(strict, source.train_batch(i).sparse, num_threads=1)
+        split.append(batch.num_minibatches)
+        for name, buffers in batch.stacks.items():
+            used = buffers.row_pointers[:, -1]  # past the last block: the aligned end
+            assert np.all(used <= mb.stacks[name].suggested_coo_buffer_size_per_device)
+            np.testing.assert_array_equal(buffers.embedding_ids[0, used[0]:], 2**31 - 1)
+    assert all(1 < m <= training.MAX_MINIBATCHES for m in split)
+    with pytest.warns(tc.IdDroppingWarning):  # the same limits without minibatching drop IDs
+        _, dropped = tc.preprocess(plan, source.train_batch(0).sparse, num_threads=1)
+    assert dropped.dropped_ids > 0
+
+
+def test_minibatched_buffer_size_rejects_bad_counts() -> None:
+    plan = _tight_plan(_tiny_source(), 1)
+    name = next(iter(plan.stacks))
+    for bad in (0, 65, True):
+        with pytest.raises(ValueError, match=rf"max_minibatches must be an integer in 1\.\.64.*"
+                                             rf"got {bad!r}"):
+            training.minibatched_buffer_size(plan, name, max_minibatches=bad)
+    assert (training.minibatched_buffer_size(plan, name, max_minibatches=2)
+            < training.minibatched_buffer_size(plan, name))

@@ -32,9 +32,10 @@ def add_parser(subparsers: Any) -> None:
         description=(
             "Train embedding tables (tilecore ops) plus a DLRM-style dense model on synthetic "
             "click data whose labels come from a hidden model (or --data files): limits tuned "
-            "by FDO first, preprocessing prefetched in background threads, periodic held-out "
-            "evaluation (loss, AUC), Orbax checkpoints (--resume continues from them), a summary "
-            "(JSON) and PNG plots in --out."),
+            "by FDO first (batches over them split into minibatches), preprocessing prefetched "
+            "in background threads, periodic held-out evaluation (loss, AUC), Orbax "
+            "checkpoints (--resume continues from them), a summary (JSON) and PNG plots in "
+            "--out."),
     )
     p.add_argument("--steps", type=int, default=1000, help="training steps (default 1000)")
     p.add_argument("--batch-size", type=int, default=None,
@@ -65,6 +66,9 @@ def add_parser(subparsers: Any) -> None:
                    help="batches the limits are tuned on before training (default 4)")
     p.add_argument("--headroom", type=float, default=0.1,
                    help="tuned limits x (1 + headroom) (default 0.1)")
+    p.add_argument("--minibatching", action=argparse.BooleanOptionalAction, default=True,
+                   help="split batches over the tuned limits into minibatches instead of "
+                        "dropping IDs (default on)")
     p.add_argument("--pipelining", action=argparse.BooleanOptionalAction, default=True,
                    help="overlap SparseCore and TensorCore stages (default on)")
     p.add_argument("--data", type=Path, default=None, metavar="DIR",
@@ -157,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
         table_optimizer=optimizer, dense_learning_rate=args.dense_learning_rate,
         topology=topology, eval_every=args.eval_every, eval_batches=args.eval_batches,
         prefetch=args.prefetch, tune_batches=args.tune_batches, tune_headroom=args.headroom,
+        minibatching=args.minibatching,
         pipelining=args.pipelining, num_threads=args.threads, seed=args.seed,
         profile_dir=args.profile, checkpoint_dir=args.out / "checkpoint",
         checkpoint_every=args.checkpoint_every, resume=args.resume,
@@ -192,6 +197,7 @@ def _argv(args: argparse.Namespace, topology: tc.Topology) -> list[str]:
     """The command line that reproduces `args` (for re-running in a child process)."""
     argv = ["train", "--topology", f"{topology.global_devices}x{topology.sc_per_device}",
             "--pipelining" if args.pipelining else "--no-pipelining",
+            "--minibatching" if args.minibatching else "--no-minibatching",
             *(["--resume"] if args.resume else [])]
     for flag in ("steps", "batch_size", "eval_every", "eval_batches", "optimizer",
                  "learning_rate", "dense_learning_rate", "embedding_dim", "vocab_sizes",

@@ -1,12 +1,15 @@
 """The main job: a DLRM-style click model trained with tilecore embeddings.
 
-`train(source, config)` tunes the limits (FDO), prefetches preprocessed batches
-in background threads, runs jitted steps (lookup → dense model → lookup_grad, pipelined across steps
-by `tilecore.pipelining`),
-evaluates held-out loss and AUC, and saves Orbax checkpoints it can resume
-from; `tilecore train` is a thin driver over it.
+`train(source, config)` tunes the limits (FDO), splits batches over them into
+minibatches (`minibatching_plan`), prefetches preprocessed batches in background
+threads, runs jitted steps (lookup → dense model → lookup_grad, pipelined across
+steps by `tilecore.pipelining`), evaluates held-out loss and AUC, and saves
+Orbax checkpoints it can resume from; `tilecore train` is a thin driver over it.
 """
 
+from ._buffers import MAX_MINIBATCHES as MAX_MINIBATCHES
+from ._buffers import minibatched_buffer_size as minibatched_buffer_size
+from ._buffers import minibatching_plan as minibatching_plan
 from ._checkpoint import Resumed as Resumed
 from ._checkpoint import latest_step as latest_step
 from ._checkpoint import restore_checkpoint as restore_checkpoint
@@ -33,6 +36,7 @@ from ._summary import EvalPoint as EvalPoint
 from ._summary import TrainSummary as TrainSummary
 
 __all__ = [
+    "MAX_MINIBATCHES",
     "DenseInputs",
     "DeviceBatch",
     "EvalPoint",
@@ -52,6 +56,8 @@ __all__ = [
     "log_loss",
     "logits",
     "make_eval_step",
+    "minibatched_buffer_size",
+    "minibatching_plan",
     "plot_curves",
     "plot_partition_load",
     "restore_checkpoint",

@@ -24,8 +24,12 @@ class TrainConfig:
       eval_batches: held-out batches per evaluation.
       prefetch: batches prepared ahead by background workers (0: none).
       tune_batches: training batches the limits are tuned on (FDO) before training.
-      tune_headroom: tuned limits grow by this fraction (later batches may need more;
-        IDs over the limits are dropped and counted).
+      tune_headroom: tuned limits grow by this fraction (later batches may need more:
+        they are split into minibatches, or without `minibatching` the IDs over
+        the limits are dropped and counted).
+      minibatching: split batches over the tuned limits into minibatches
+        (`SparseCoreConfig.enable_minibatching`) so no ID is dropped; the COO
+        buffers are sized for up to 8 minibatches (`minibatching_plan`).
       pipelining: overlap SparseCore and TensorCore stages of consecutive steps
         (when `tilecore.pipelining` is available).
       num_threads: preprocessing threads per batch (None: tilecore's default).
@@ -51,6 +55,7 @@ class TrainConfig:
     prefetch: int = 2
     tune_batches: int = 4
     tune_headroom: float = 0.1
+    minibatching: bool = True
     pipelining: bool = True
     num_threads: int | None = None
     seed: int = 0

@@ -21,6 +21,7 @@ from ..pipelining import DenseState, StepInput, TrainState, TrainStep, train_sta
 from ..preprocessing import IdDroppingWarning, PreprocessStats, preprocess
 from ..specs import FeatureSpec, TableSpec
 from ..stacking import StackingPlan, plan_stacking
+from ._buffers import minibatching_plan
 from ._checkpoint import Resumed, latest_step, restore_checkpoint, save_checkpoint
 from ._config import TrainConfig
 from ._model import init_params
@@ -110,7 +111,8 @@ def train(source: ClickSource, config: TrainConfig, *, progress: TextIO | None =
     """Train the click model on `source` as `config` says; returns summary and final state.
 
     Limits are tuned first on `config.tune_batches` training batches (FDO); later
-    batches whose IDs exceed them drop the excess (counted in the summary). With
+    batches whose IDs exceed them are split into minibatches (`config.minibatching`,
+    counted per step in the summary) or else drop the excess (counted). With
     `config.resume` and a checkpoint in `config.checkpoint_dir`, training goes on
     from its step with its tables, slots, dense parameters and optimizer state
     (the summary then covers the steps run now). The progress bar goes to
@@ -134,7 +136,11 @@ def train(source: ClickSource, config: TrainConfig, *, progress: TextIO | None =
             tune_set = [source.train_batch(i).sparse for i in range(config.tune_batches)]
             plan, report = tune_limits(plan, tune_set, headroom=config.tune_headroom,
                                        num_threads=config.num_threads)
+        # Limits are tuned without minibatching (it would split the tune batches instead);
+        # dropping stays allowed as the last resort (a row alone over a limit cannot be split).
         plan = plan.with_config(allow_id_dropping=True)
+        if config.minibatching:
+            plan = minibatching_plan(plan)
         runner = _Runner(source, config, plan, mesh)
         eval_set = [(runner.to_device(b)[0], b.labels) for b in
                     (source.eval_batch(i) for i in range(config.eval_batches))]
@@ -144,7 +150,9 @@ def train(source: ClickSource, config: TrainConfig, *, progress: TextIO | None =
         params = init_params(jax.random.key(config.seed), config.model,
                              num_dense=source.num_dense, num_features=len(plan.features))
         start = _initial(config, plan, DenseState.create(params, optimizer), mesh, resume_from)
-        example = StepInput(eval_set[0][0].sparse, eval_set[0][0].dense)
+        # On the host: `step.init` puts the example's leaves (num_minibatches among them) in
+        # several places of the state, which must not share one device buffer (donation).
+        example = jax.tree.map(np.asarray, StepInput(eval_set[0][0].sparse, eval_set[0][0].dense))
         state = runner.place(step.init(start.variables, start.dense, example))
         evaluate = make_eval_step(plan, mesh=mesh)
         directory = config.checkpoint_dir
@@ -169,7 +177,10 @@ def train(source: ClickSource, config: TrainConfig, *, progress: TextIO | None =
         examples_per_s=((run_steps_count - 1) * source.batch_size / timed
                         if run_steps_count > 1 and timed > 0 else float("nan")),
         loss=stats.evals[-1].loss, auc=stats.evals[-1].auc, dropped_ids=load.dropped_ids,
-        num_minibatches=stats.num_minibatches, train_losses=tuple(stats.train_losses),
+        minibatching=config.minibatching, num_minibatches=max(stats.minibatches, default=1),
+        minibatched_steps=sum(m > 1 for m in stats.minibatches),
+        mean_minibatches=(float(np.mean(stats.minibatches)) if stats.minibatches else 1.0),
+        train_losses=tuple(stats.train_losses),
         evals=tuple(stats.evals), compile_seconds=stats.compile_seconds,
         eval_seconds=stats.eval_seconds, topology=str(config.topology),
         devices=config.topology.global_devices, sc_per_device=config.topology.sc_per_device,

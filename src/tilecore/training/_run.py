@@ -67,7 +67,7 @@ class LoopStats:
     timed_seconds: float = float("nan")
     input_wait_seconds: float = 0.0
     preprocess_seconds: float = 0.0
-    num_minibatches: int = 0
+    minibatches: list[int] = dataclasses.field(default_factory=list)  # per step
     checkpoint: str | None = None
 
 
@@ -114,7 +114,7 @@ def run_steps(step: TrainStep, state: TrainState, hooks: Hooks, *, plan: Stackin
                 stats.input_wait_seconds += time.perf_counter() - t_wait
             batch, prep_stats, num_minibatches, seconds = item
             load.add(prep_stats)
-            stats.num_minibatches += num_minibatches
+            stats.minibatches.append(num_minibatches)
             stats.preprocess_seconds += seconds
             yield StepInput(batch.sparse, batch.dense)
 

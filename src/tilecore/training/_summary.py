@@ -62,6 +62,12 @@ class TrainSummary:
     state, `preprocess_seconds_per_batch` what preparing one batch took a
     prefetch worker, and `input_wait_fraction` the share of the steady-state
     loop spent waiting for the next prepared batch (near 0: the host keeps up).
+
+    Minibatching: `num_minibatches` is the most minibatches any step was split
+    into (1: none was), `minibatched_steps` how many steps were split and
+    `mean_minibatches` the mean per step; `dropped_ids` counts the IDs dropped
+    over the run (0 with minibatching, unless one row alone exceeds a limit or a
+    batch needs more than its buffer holds).
     """
 
     steps: int
@@ -71,6 +77,9 @@ class TrainSummary:
     auc: float
     dropped_ids: int
     num_minibatches: int
+    minibatched_steps: int
+    mean_minibatches: float
+    minibatching: bool
     train_losses: tuple[float, ...]
     evals: tuple[EvalPoint, ...]
     compile_seconds: float
@@ -99,7 +108,8 @@ class TrainSummary:
         """A JSON-ready dict; the headline keys come first."""
         out = dataclasses.asdict(self)
         out["evals"] = [dataclasses.asdict(e) for e in self.evals]
-        head = ("examples_per_s", "auc", "loss", "dropped_ids", "num_minibatches")
+        head = ("examples_per_s", "auc", "loss", "dropped_ids", "num_minibatches",
+                "minibatched_steps", "mean_minibatches")
         return {**{k: out.pop(k) for k in head}, **out}
 
     def format(self) -> str:
@@ -119,8 +129,13 @@ class TrainSummary:
             f"  host          waits for batches {100 * self.input_wait_fraction:.1f}% of the "
             f"loop; {1e3 * self.preprocess_seconds_per_batch:.1f} ms to prepare a batch vs "
             f"{1e3 * self.step_seconds:.1f} ms per step",
-            f"  IDs dropped   {self.dropped_ids}   minibatches {self.num_minibatches}   "
-            f"FDO rounds {self.fdo_rounds} (drops {list(self.fdo_drops_per_round)})",
+            f"  IDs dropped   {self.dropped_ids}   FDO rounds {self.fdo_rounds} (drops "
+            f"{list(self.fdo_drops_per_round)})",
+            "  minibatching  " + (
+                f"on: {self.minibatched_steps} of {self.steps - self.start_step} steps split, "
+                f"at most {self.num_minibatches} minibatches per step (mean "
+                f"{self.mean_minibatches:.3f})" if self.minibatching else
+                "off: IDs over the limits are dropped"),
             "  limits        " + "; ".join(
                 f"{name}: ids {v['max_ids_per_partition']}, unique "
                 f"{v['max_unique_ids_per_partition']}, coo "
