@@ -218,6 +218,53 @@ def test_repacked_layout() -> None:
     assert covered.sum() == np.sum(np.asarray(batch.stacks[stack].embedding_ids) != 2**31 - 1)
 
 
+def test_buffer_entries_decode_the_layout() -> None:
+    """Every position's validity, partition and SparseCore equal a numpy walk of the blocks."""
+    import jax.numpy as jnp
+
+    from tilecore.ops._layout import stack_layouts
+    from tilecore.ops._lookup import flat_buffers
+    from tilecore.ops._minibatching import buffer_entries
+
+    case, m = MB_CASES["three-stacks"], 3
+    _, _, mplan, mbatch = minibatched(case, 0, m)
+    n, s = mplan.num_partitions, mplan.topology.sc_per_device
+    assert s > 1
+    for name, layout in stack_layouts(mplan).items():
+        flat = flat_buffers(mbatch.stacks[name])
+        entries, source = buffer_entries(*flat, layout, jnp.int32(m))
+        rp = np.asarray(flat[0]).reshape(64 * s, max(n, 8))
+        valid = np.zeros(flat[1].shape, bool)
+        partition, sc = np.zeros(valid.shape, np.int64), np.zeros(valid.shape, np.int64)
+        previous = 0
+        for k in range(64 * s):
+            for p in range(max(n, 8)):
+                start, end = -(-previous // 8) * 8, rp[k, p]
+                if p < n and k < m * s:
+                    valid[start:end], partition[start:end], sc[start:end] = True, p, k // m
+                previous = end
+        assert valid.any() and not valid.all(), name
+        np.testing.assert_array_equal(np.asarray(entries.valid), valid, err_msg=name)
+        np.testing.assert_array_equal(np.asarray(entries.partitions)[valid], partition[valid])
+        np.testing.assert_array_equal(np.asarray(source)[valid], sc[valid], err_msg=name)
+        gains = np.asarray(entries.gains)
+        assert np.all(gains[~valid] == 0) and np.all(gains[valid] == np.asarray(flat[3])[valid])
+
+
+def test_one_device_update_does_not_loop(kernels: str) -> None:
+    """On one device with XLA ops the update reads every minibatch in one pass (no while
+    loop carrying the tables); the CPU kernels keep their per-minibatch loop."""
+    import jax
+
+    from tilecore import ops
+
+    case = UPDATE_CASES["adagrad"]
+    plan, _, mplan, mbatch = minibatched(case, 0, 4)
+    text = jax.jit(lambda b, v, g: ops.lookup_grad(mplan, b, v, g)).lower(
+        mbatch, _variables(case, plan), case.activation_grads(0)).as_text()
+    assert ("stablehlo.while" in text) == (kernels == "ffi")
+
+
 def test_wrong_pointer_count_names_the_stack() -> None:
     from tilecore import ops
 

@@ -62,6 +62,12 @@ def add_parser(kinds: Any) -> None:
                    help="limits = batch 0's maxima x (1 + headroom) (default 0.1)")
     add_threads_option(p)
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    p.add_argument("--minibatching", action="store_true",
+                   help="preprocess with enable_minibatching (the minibatched buffer layout and "
+                        "the ops' loop over minibatches), limits calibrated as without it")
+    p.add_argument("--minibatch-split", type=int, default=1, metavar="F",
+                   help="with --minibatching: divide every stack's per-partition limits by F "
+                        "(after calibration), so batches split into minibatches (default 1)")
     p.add_argument("--no-naive", action="store_true", help="skip the naive step")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="write results here")
     p.add_argument("--batch-size", type=int, default=None, help=argparse.SUPPRESS)
@@ -75,19 +81,24 @@ def _argv(args: argparse.Namespace) -> list[str]:
             "--devices", str(args.devices), "--sc-per-device", str(args.sc_per_device),
             "--repeats", str(args.repeats), "--warmup", str(args.warmup),
             "--batches", str(args.batches), "--headroom", str(args.headroom),
-            "--seed", str(args.seed)]
+            "--seed", str(args.seed), "--minibatch-split", str(args.minibatch_split)]
     for flag, value in (("--threads", args.threads), ("--json", args.json),
                         ("--batch-size", args.batch_size), ("--max-vocab", args.max_vocab)):
         if value is not None:
             argv += [flag, str(value)]
+    if args.minibatching:
+        argv.append("--minibatching")
     return [*argv, "--no-naive"] if args.no_naive else argv
 
 
 def _check(args: argparse.Namespace) -> None:
-    for name in ("devices", "sc_per_device", "repeats", "batches"):
+    for name in ("devices", "sc_per_device", "repeats", "batches", "minibatch_split"):
         if getattr(args, name) < 1:
             raise ValueError(f"bench step: --{name.replace('_', '-')} must be >= 1, got "
                              f"{getattr(args, name)}.")
+    if args.minibatch_split > 1 and not args.minibatching:
+        raise ValueError(f"bench step: --minibatch-split {args.minibatch_split} needs "
+                         "--minibatching.")
     if args.warmup < 1:
         raise ValueError(f"bench step: --warmup must be >= 1 (it compiles), got {args.warmup}.")
     if args.threads is not None and args.threads < 1:
@@ -132,6 +143,8 @@ def run(args: argparse.Namespace) -> int:
     raw = [_cap_ids(workload.batch(i, num_threads=threads), features)
            for i in range(args.batches)]
     plan, _ = calibrate(plan, raw[:1], num_threads=args.threads, headroom=args.headroom)
+    if args.minibatching:
+        plan = _minibatching(plan, args.minibatch_split)
     prepped = [preprocess_dropping(plan, b, num_threads=args.threads) for b in raw]
 
     mesh = make_mesh(args.devices, DEFAULT_AXIS)
@@ -147,6 +160,8 @@ def run(args: argparse.Namespace) -> int:
 
     ids = float(np.mean([data.num_ids(b) for b in raw]))
     result = _result(args, workload.batch_size, len(plan.stacks), forward_s, step_s, naive)
+    result.update(minibatching=args.minibatching,
+                  num_minibatches=[int(np.max(b.num_minibatches)) for b, _ in prepped])
     result.update(ids_per_batch=ids, forward_ids_per_s=ids / forward_s, ids_per_s=ids / step_s,
                   dropped_ids=sum(stats.dropped_ids for _, stats in prepped),
                   preprocess_threads=threads, **timing)
@@ -156,6 +171,16 @@ def run(args: argparse.Namespace) -> int:
     if args.json is not None:
         write_json(args.json, result)
     return 0
+
+
+def _minibatching(plan: tc.StackingPlan, split: int) -> tc.StackingPlan:
+    """`plan` with minibatching on and every stack's partition limits divided by `split`."""
+    plan = plan.with_config(enable_minibatching=True)
+    for name, stack in plan.stacks.items():
+        plan = plan.with_stack_limits(
+            name, max_ids_per_partition=max(1, stack.max_ids_per_partition // split),
+            max_unique_ids_per_partition=max(1, stack.max_unique_ids_per_partition // split))
+    return plan
 
 
 def _time_fused(plan: tc.StackingPlan, prepped: list[tc.PreprocessedBatch], mesh: Any,
@@ -223,7 +248,8 @@ def _print(r: dict[str, Any]) -> None:
     lines = [
         f"bench step: workload={r['workload']} optimizer={r['optimizer']} devices={r['devices']}"
         f"x{r['sc_per_device']} backend={r['backend']} batch={r['batch_size']} "
-        f"stacks={r['stacks']}",
+        f"stacks={r['stacks']}"
+        + (f" minibatches={r['num_minibatches']}" if r["minibatching"] else ""),
         f"  {r['ids_per_batch'] / 1e6:.3f} M IDs/batch ({r['dropped_ids']} dropped), median of "
         f"{r['repeats']} calls after {r['warmup']} warm-up, over {r['batches']} batches",
         "                 ms/batch    examples/s        IDs/s",

@@ -15,6 +15,11 @@ device's entries of a minibatch for one partition span at most
 `roundup8(max_ids_per_partition)` positions: the ops read fixed-size windows
 (static shapes) at traced offsets, exactly as the single-pass path reads its
 per-SparseCore slots, and mask everything outside the pointed ranges.
+
+Preprocessing puts every occurrence of a row into one minibatch (its hash bucket),
+so on one device the update can also read the whole buffer at once
+(`buffer_entries`): the minibatches touch disjoint rows, and one optimizer pass
+over all of them equals one pass per minibatch.
 """
 
 from __future__ import annotations
@@ -87,3 +92,39 @@ def minibatch_windows(row_pointers: jax.Array, embedding_ids: jax.Array, sample_
     return Entries(take(embedding_ids), take(sample_ids),
                    jnp.where(valid, take(gains), 0.0),
                    clipped.reshape(s, g, k).transpose(1, 0, 2).astype(jnp.int32), valid)
+
+
+def buffer_entries(row_pointers: jax.Array, embedding_ids: jax.Array, sample_ids: jax.Array,
+                   gains: jax.Array, layout: StackLayout, num_minibatches: jax.Array
+                   ) -> tuple[Entries, jax.Array]:
+    """Every minibatch's entries of one device's buffer at once, and each one's SparseCore.
+
+    Returns flat `[size]` entries (one per buffer position; filler marked invalid) and
+    the `int32[size]` SparseCore whose samples each entry belongs to.
+
+    Pointer j's range is `[roundup8(end[j-1]), end[j])`. The starts are nondecreasing
+    and 8-aligned, and a range never shares its start with a later non-empty one, so
+    position x lies in range `j = #{starts <= x} - 1` if `x < end[j]`, and all 8
+    positions of an aligned group share `j`: one cumulative count over `size / 8`
+    groups finds every range (no search and no loop over the minibatches).
+    """
+    p, n, s = layout.pointers_per_sc, layout.num_partitions, layout.sc_per_device
+    size = embedding_ids.shape[0]
+    groups = -(-size // 8)
+    previous = jnp.concatenate([jnp.zeros((1,), row_pointers.dtype), row_pointers[:-1]])
+    first_group = jnp.clip((previous + 7) // 8, 0, groups)  # starts / 8
+    hits = jnp.zeros((groups + 1,), jnp.int32).at[first_group].add(1)
+    pointer = jnp.cumsum(hits)[:groups] - 1  # [groups]: the range each group lies in
+    end = row_pointers[pointer]
+    block, partition = pointer // p, pointer % p
+    source = block // num_minibatches
+    real = (partition < n) & (source < s)
+    position = jnp.arange(groups * 8, dtype=end.dtype).reshape(groups, 8)
+    valid = (real[:, None] & (position < end[:, None])).reshape(-1)[:size]
+
+    def per_entry(x: jax.Array) -> jax.Array:
+        return jnp.broadcast_to(x[:, None], (groups, 8)).reshape(-1)[:size]
+
+    entries = Entries(embedding_ids, sample_ids, jnp.where(valid, gains, 0.0),
+                      per_entry(jnp.minimum(partition, n - 1).astype(jnp.int32)), valid)
+    return entries, per_entry(jnp.where(real, source, 0).astype(jnp.int32))
