@@ -250,7 +250,9 @@ def test_init_tables_on_host_equals_on_device() -> None:
     for name in plan.stacks:
         for a, b in zip((device[name].table, *device[name].slots),
                         (host[name].table, *host[name].slots), strict=True):
-            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+            # Same keys and draws; an accelerator's transcendental functions may differ from
+            # the CPU's in the last bits (seen on an H100: 1e-5 relative).
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-7)
     # The default initializer: truncated normal with stddev 1/√dim, not constant.
     table_values = ops.unshard(plan, {n: v.table for n, v in device.items()})
     for name, values in table_values.items():

@@ -17,7 +17,7 @@ from ._cpu_kernels import lookup_buffers, use_cpu_kernels
 from ._cpu_minibatched import lookup_minibatched_buffers
 from ._ffi import gather_pool
 from ._layout import StackLayout, stack_layouts
-from ._minibatching import MAX_MINIBATCHES, check_sizes, minibatch_windows
+from ._minibatching import MAX_MINIBATCHES, buffer_entries, check_sizes, minibatch_windows
 from ._routing import Entries, exchange, slot_entries, windows_by_device
 from ._variables import EmbeddingVariables
 
@@ -81,23 +81,29 @@ def pool_entries(entries: Entries, table: jax.Array, layout: StackLayout, axis: 
     if cpu:
         pooled = gather_pool(table, rows, segments, entries.gains.reshape(-1), g * per_device)
     else:
-        values = jnp.take(table, rows, axis=0)
-        if layout.quantization is not None:
-            values = quantize(values, layout.quantization)
-        values = values * entries.gains.reshape(-1, 1)
-        pooled = jax.ops.segment_sum(values, segments, num_segments=g * per_device)
+        pooled = _pool(table, rows, segments, entries.gains.reshape(-1), layout, g * per_device)
     if layout.num_devices == 1:
         return pooled
     pooled = pooled.reshape(g, per_device, layout.dim)
     return jax.lax.all_to_all(pooled, axis, 0, 0, tiled=True).sum(0)
 
 
+def _pool(table: jax.Array, rows: jax.Array, segments: jax.Array, gains: jax.Array,
+          layout: StackLayout, num_segments: int) -> jax.Array:
+    """`Σ gain · table[row]` per segment with XLA ops (segments out of range are dropped)."""
+    values = jnp.take(table, rows, axis=0)
+    if layout.quantization is not None:
+        values = quantize(values, layout.quantization)
+    return jax.ops.segment_sum(values * gains.reshape(-1, 1), segments, num_segments=num_segments)
+
+
 def lookup_stack(buffers: StackBuffers, table: jax.Array, layout: StackLayout,
                  axis: str | None = None, num_minibatches: jax.Array | int = 1) -> jax.Array:
     """One device's stacked activations `[S·samples_per_sc, dim]` (inside shard_map if G>1).
 
-    Minibatched buffers are read one minibatch at a time (a loop of `num_minibatches`
-    passes with static shapes, one all-to-all each), accumulating the activations.
+    Minibatched buffers are read one minibatch at a time on a mesh (a loop of
+    `num_minibatches` passes with static shapes, one all-to-all each), accumulating
+    the activations; on one device in one pass, as the sum is the same.
     """
     cpu = use_cpu_kernels() and layout.quantization is None
     if layout.minibatched:
@@ -113,8 +119,18 @@ def _lookup_minibatched(buffers: StackBuffers, table: jax.Array, layout: StackLa
     flat = flat_buffers(buffers)
     check_sizes(flat[0], flat[1], layout)
     count = jnp.clip(jnp.asarray(num_minibatches, jnp.int32).reshape(()), 1, MAX_MINIBATCHES)
-    if layout.num_devices == 1 and cpu:
-        return lookup_minibatched_buffers(flat, count, table, layout)
+    if layout.num_devices == 1:
+        if cpu:
+            return lookup_minibatched_buffers(flat, count, table, layout)
+        # Minibatches only add up activations: on one device, read them all in one pass
+        # (a loop with a traced trip count costs a device-host round trip per iteration
+        # on GPUs).
+        entries, source = buffer_entries(*flat, layout, count)
+        per_device = layout.sc_per_device * layout.samples_per_sc
+        segments = jnp.where(entries.valid, source * layout.samples_per_sc + entries.sample_ids,
+                             per_device)
+        return _pool(table, local_rows(entries, layout, None), segments, entries.gains, layout,
+                     per_device)
 
     def body(minibatch: jax.Array, total: jax.Array) -> jax.Array:
         entries = received_minibatch(flat, layout, axis, minibatch, count)
