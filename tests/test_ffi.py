@@ -355,3 +355,20 @@ def _benchmark() -> None:
 
 if __name__ == "__main__":
     _benchmark()
+
+
+def test_ffi_on_an_accelerator_backend_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tilecore.ops._cpu_kernels import use_cpu_kernels
+
+    monkeypatch.setenv("TILECORE_KERNELS", "ffi")
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    use_cpu_kernels.cache_clear()
+    try:
+        with pytest.raises(RuntimeError, match=r"default backend is 'gpu'.*set it to xla"):
+            use_cpu_kernels()
+        monkeypatch.setenv("TILECORE_KERNELS", "auto")
+        use_cpu_kernels.cache_clear()
+        assert not use_cpu_kernels()  # auto: XLA ops on an accelerator
+    finally:
+        monkeypatch.undo()
+        use_cpu_kernels.cache_clear()

@@ -9,26 +9,14 @@ the numba-kernel and the pure-XLA paths.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import jax
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tilecore as tc
 from tilecore import ops
-from tilecore.ops import _cpu_kernels
 from tilecore.testing import bucket_maxima, preprocess_reference
-
-
-@pytest.fixture(params=["ffi", "xla"])
-def kernels(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    monkeypatch.setenv("TILECORE_KERNELS", request.param)
-    _cpu_kernels.use_cpu_kernels.cache_clear()
-    yield request.param
-    _cpu_kernels.use_cpu_kernels.cache_clear()
 
 
 def _case(seed: int, sc: int, optimizer: tc.OptimizerSpec

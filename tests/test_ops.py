@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -262,18 +261,6 @@ def test_init_tables_on_host_equals_on_device() -> None:
 
 
 # --- lookup and lookup_grad against the oracle ---------------------------------------------
-
-
-@pytest.fixture(params=["ffi", "xla"])
-def kernels(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """`$TILECORE_KERNELS`: numba CPU kernels (ffi) or plain XLA ops. The choice is
-    cached per process, so the cache is cleared before and after: each test runs the
-    kernels it names, whichever ran before it."""
-    monkeypatch.setenv("TILECORE_KERNELS", request.param)
-    use_cpu_kernels.cache_clear()
-    yield request.param
-    monkeypatch.undo()
-    use_cpu_kernels.cache_clear()
 
 
 def _custom_calls(case: Case) -> set[str]:

@@ -15,7 +15,6 @@ import dataclasses
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -37,18 +36,6 @@ UPDATE_CASES = {
                      for t in RICH.with_optimizer(name, OPTIMIZERS[name]).tables))
     for name in ("sgd", "adagrad", "adam")
 }
-
-
-@pytest.fixture(params=["ffi", "xla"])
-def kernels(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """Run the test with the numba CPU kernels and with plain XLA ops."""
-    from tilecore.ops._cpu_kernels import use_cpu_kernels
-
-    monkeypatch.setenv("TILECORE_KERNELS", request.param)
-    use_cpu_kernels.cache_clear()
-    yield request.param
-    monkeypatch.undo()
-    use_cpu_kernels.cache_clear()
 
 
 def _hashed(num_minibatches: int, seed: int = 0) -> Any:

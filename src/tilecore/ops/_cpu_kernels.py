@@ -37,6 +37,11 @@ def use_cpu_kernels() -> bool:
         raise ValueError(f"${KERNELS_ENV} must be auto, ffi or xla; got {choice!r}.")
     if choice == "xla" or (choice == "auto" and jax.default_backend() != "cpu"):
         reason: str | None = f"${KERNELS_ENV}={choice}, backend {jax.default_backend()}"
+    elif jax.default_backend() != "cpu":  # choice == "ffi"
+        raise RuntimeError(
+            f"${KERNELS_ENV}=ffi asks for the numba CPU kernels, but JAX's default backend is "
+            f"{jax.default_backend()!r}: its arrays are not on the CPU. Unset ${KERNELS_ENV} "
+            "(auto) or set it to xla.")
     else:
         reason = unavailable_reason()
         if reason is not None and choice == "ffi":
