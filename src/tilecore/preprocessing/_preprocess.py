@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -306,7 +307,8 @@ def preprocess(
         of its FeatureSpec × local devices ÷ global devices).
       weights: optional feature name → per-ID weights shaped like the IDs.
       has_leading_dimension: buffers shaped `[local_devices, size]` (True) or flat.
-      num_threads: worker threads; default $TILECORE_NUM_THREADS or the CPU count.
+      num_threads: worker threads; default $TILECORE_NUM_THREADS, else the CPU count
+        (at most one thread per 65,536 of the batch's possible IDs).
       batch_number: the batch's number, identical on every process (minibatching
         agrees on its split per batch).
       agreement: how processes agree on minibatching (`tilecore.distributed`
@@ -328,8 +330,10 @@ def preprocess(
     unknown = sorted(set(weights) - set(plan.features))
     if unknown:
         raise ValueError(f"Weights given for unknown features {unknown}.")
-    threads = resolve_num_threads(num_threads)
     topo = plan.topology
+    max_ids = sum(_local_rows(f, plan) * math.prod(f.input_shape[1:])
+                  for f in plan.features.values())
+    threads = resolve_num_threads(num_threads, max_ids=max_ids)
     if plan.config.enable_minibatching:
         agreement = _resolve_agreement(plan, agreement)
     n, s, local = topo.num_partitions, topo.sc_per_device, topo.num_local_devices
