@@ -169,7 +169,7 @@ class _RecordingAgreement:
     """An agreement whose peers contribute fixed values (and that records calls)."""
 
     def __init__(self, peer_required: int = 0, peer_split: int = 0) -> None:
-        self.peer = {"required": peer_required, "split": peer_split}
+        self.peer = {"required": peer_required, "split": peer_split, "failed": 0}
         self.calls: list[tuple[int, str, int]] = []
 
     @property
@@ -196,13 +196,21 @@ def test_peer_requirement_and_split_are_applied() -> None:
     agreement = _RecordingAgreement(peer_required=1, peer_split=1 << 62)
     assert isinstance(agreement, Agreement)
     batch, _ = tc.preprocess(plan, inputs, batch_number=7, agreement=agreement)
-    assert [c[:2] for c in agreement.calls] == [(7, "required"), (7, "split")]
-    assert agreement.calls[0][2] == 0 and agreement.calls[1][2] == 0  # nothing local
+    assert agreement.calls == [(7, "required", 0), (7, "split", 0), (7, "failed", 0)]
     assert batch.num_minibatches == 2  # the root split: buckets 0-31 | 32-63
     parts = unpack_minibatches(batch, plan)["t"]
     for (_, _, mb), e in parts.items():
         for p, r in zip(e.partition, e.local_row, strict=True):
             assert (row_bucket(int(p), int(r), plan.topology.num_partitions) >= 32) == (mb == 1)
+
+
+def test_a_peer_failure_stops_this_process_too() -> None:
+    plan, inputs = _small_plan()
+    agreement = _RecordingAgreement(peer_required=1, peer_split=1 << 62)
+    agreement.peer["failed"] = 1  # a peer's bucket exceeded its limits
+    with pytest.raises(tc.preprocessing.PeerPreprocessingError, match="Batch 3: another process"):
+        tc.preprocess(plan, inputs, batch_number=3, agreement=agreement)
+    assert agreement.calls[-1] == (3, "failed", 0)
 
 
 def test_not_required_asks_only_once_and_keeps_one_minibatch() -> None:

@@ -7,6 +7,7 @@ from ._agreement import Agreement as Agreement
 from ._agreement import LocalAgreement as LocalAgreement
 from ._errors import IdDroppingWarning as IdDroppingWarning
 from ._errors import LimitExceededError as LimitExceededError
+from ._errors import PeerPreprocessingError as PeerPreprocessingError
 from ._limits import check_limits as check_limits
 from ._limits import coo_buffer_size_per_device as coo_buffer_size_per_device
 from ._limits import row_pointers_size_per_device as row_pointers_size_per_device
@@ -27,6 +28,7 @@ __all__ = [
     "IdDroppingWarning",
     "LimitExceededError",
     "LocalAgreement",
+    "PeerPreprocessingError",
     "PreprocessStats",
     "PreprocessedBatch",
     "Ragged",

@@ -1,8 +1,9 @@
 """How preprocessing agrees with its peer processes on one value per batch.
 
-Minibatching needs every process to run the same number of minibatches, so two
+Minibatching needs every process to run the same number of minibatches, so
 values are OR-reduced over all processes per batch: whether any partition
-anywhere exceeds its limits (pass 1), and the 63-bit split mask (pass 2). Host
+anywhere exceeds its limits (pass 1), the 63-bit split mask (pass 2), and then
+whether any process failed to pack its minibatches (so all stop together). Host
 code must not import JAX, so preprocessing only sees this protocol; the
 implementation over JAX's distributed runtime lives in `tilecore.distributed`.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from typing import Literal, Protocol, runtime_checkable
 
-Round = Literal["required", "split"]
+Round = Literal["required", "split", "failed"]
 
 
 @runtime_checkable

@@ -54,3 +54,19 @@ class LimitExceededError(ValueError):
             f"TableSpec({limit}={worst}), or allow dropping with "
             f"SparseCoreConfig(allow_id_dropping=True)."
         )
+
+
+class PeerPreprocessingError(RuntimeError):
+    """Another process could not preprocess this batch, so this one stops too.
+
+    Raised on every process but the failing one (which raises its own error), so
+    no process is left waiting in the device collectives of a step that another
+    will never run.
+    """
+
+    def __init__(self, batch_number: int) -> None:
+        self.batch_number = batch_number
+        super().__init__(
+            f"Batch {batch_number}: another process could not preprocess it (one minibatching "
+            "bucket exceeded a limit there; its own error says which stack and partition). "
+            "This process stops too rather than wait for it in the device ops.")

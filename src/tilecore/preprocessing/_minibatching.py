@@ -25,7 +25,7 @@ from . import _minibatch_kernels as mk
 from ._agreement import Agreement
 from ._bucket_memo import bucket_memo
 from ._buffers import allocate
-from ._errors import LimitExceededError
+from ._errors import LimitExceededError, PeerPreprocessingError
 from ._highway import NUM_BUCKETS, bucket_state
 from ._kernels import FILLER_ID
 from ._scratch import scratch
@@ -126,8 +126,19 @@ def pack_minibatches(
         mask = agreement.all_reduce_or(batch_number, "split", local)
         mb_of_bucket = mk.minibatch_of_buckets(mask)
         num_mb = int(mb_of_bucket[-1]) + 1
+        failure: LimitExceededError | None = None
         if not allow_id_dropping:
-            _check_single_buckets(tasks, counted, mb_of_bucket, sc_per_device, stats)
+            try:
+                _check_single_buckets(tasks, counted, mb_of_bucket, sc_per_device, stats)
+            except LimitExceededError as error:
+                failure = error
+        # Every process learns whether any failed: one that raises alone would leave
+        # the others waiting in the device collectives of a step it never runs.
+        failed_anywhere = agreement.all_reduce_or(batch_number, "failed", int(failure is not None))
+        if failure is not None:
+            raise failure
+        if failed_anywhere:
+            raise PeerPreprocessingError(batch_number)
         segments = parallel_map(
             lambda i: _order(tasks[i][0], merged[i], counted[i], mb_of_bucket, num_mb),
             range(len(tasks)))
