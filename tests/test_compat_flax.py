@@ -15,8 +15,9 @@ import optax
 import pytest
 from jax.sharding import Mesh
 
+from _compat_cases import feature_specs as reference_feature_specs
 from tilecore import ops
-from tilecore.compat import embedding, embedding_spec
+from tilecore.compat import embedding_spec
 from tilecore.compat.flax._sparse import make_plan, native_batch
 from tilecore.compat.flax.linen import embed, embed_optimizer
 from tilecore.compat.flax.nnx import embed as nnx_embed
@@ -25,21 +26,7 @@ BATCH, STEPS, SC = 32, 12, 2
 
 
 def feature_specs() -> dict[str, embedding_spec.FeatureSpec]:
-    init = jax.nn.initializers.uniform(0.1)
-    opt = embedding_spec.AdagradOptimizerSpec(learning_rate=0.3)
-    user = embedding_spec.TableSpec(name="user", vocabulary_size=64, embedding_dim=8,
-                                    initializer=init, optimizer=opt, combiner="sum")
-    item = embedding_spec.TableSpec(name="item", vocabulary_size=96, embedding_dim=4,
-                                    initializer=init, optimizer=opt, combiner="mean")
-    specs = {
-        "user": embedding_spec.FeatureSpec(name="user", table_spec=user, input_shape=[BATCH, 1],
-                                           output_shape=[BATCH, 8]),
-        "item": embedding_spec.FeatureSpec(name="item", table_spec=item, input_shape=[BATCH, 3],
-                                           output_shape=[BATCH, 4]),
-    }
-    embedding.prepare_feature_specs_for_training(specs, global_device_count=1,
-                                                 num_sc_per_device=SC)
-    return specs
+    return reference_feature_specs(BATCH, SC)
 
 
 def examples(count: int = 3) -> list[tuple[dict[str, np.ndarray], jax.Array]]:

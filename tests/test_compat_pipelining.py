@@ -15,6 +15,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import tilecore.pipelining as tcp
+from _compat_cases import feature_specs as reference_feature_specs
 from tilecore import ops
 from tilecore.compat import embedding, embedding_spec
 from tilecore.compat import embedding_pipelining_utils as ep_utils
@@ -89,21 +90,7 @@ def test_step_runs_the_reference_schedule() -> None:
 
 
 def feature_specs() -> dict[str, embedding_spec.FeatureSpec]:
-    init = jax.nn.initializers.uniform(0.1)
-    opt = embedding_spec.AdagradOptimizerSpec(learning_rate=0.3)
-    user = embedding_spec.TableSpec(name="user", vocabulary_size=64, embedding_dim=8,
-                                    initializer=init, optimizer=opt, combiner="sum")
-    item = embedding_spec.TableSpec(name="item", vocabulary_size=96, embedding_dim=4,
-                                    initializer=init, optimizer=opt, combiner="mean")
-    specs = {
-        "user": embedding_spec.FeatureSpec(name="user", table_spec=user, input_shape=[BATCH, 1],
-                                           output_shape=[BATCH, 8]),
-        "item": embedding_spec.FeatureSpec(name="item", table_spec=item, input_shape=[BATCH, 3],
-                                           output_shape=[BATCH, 4]),
-    }
-    embedding.prepare_feature_specs_for_training(specs, global_device_count=1,
-                                                 num_sc_per_device=SC)
-    return specs
+    return reference_feature_specs(BATCH, SC)
 
 
 def loss_fn(params: Any, acts: Any, labels: jax.Array) -> jax.Array:

@@ -16,10 +16,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tilecore as tc
-from test_reference_fixtures import build_plan, inputs_of
+from test_reference_fixtures import assert_stats_equal, build_plan, inputs_of
+from test_reference_fixtures import load as load_fixture
 from tilecore.preprocessing import Agreement, LimitExceededError, LocalAgreement
 from tilecore.preprocessing._highway import BUCKET_KEY, highway_hash64
 from tilecore.testing import (
+    bucket_maxima,
     preprocess_reference,
     reference_split,
     row_bucket,
@@ -33,11 +35,7 @@ FILLER = 2**31 - 1
 
 
 def load(case: str) -> tuple[dict, dict[str, np.ndarray]]:
-    import json
-
-    spec = json.loads((FIXTURES / f"{case}.json").read_text())
-    with np.load(FIXTURES / f"{case}.npz") as z:
-        return spec, dict(z)
+    return load_fixture(case, FIXTURES)
 
 
 def fixture_plan(spec: dict) -> tc.StackingPlan:
@@ -126,14 +124,7 @@ def test_minibatched_buffers_match_reference(case: str, recwarn: pytest.Warnings
         assert filler.sum() <= (~covered).sum()
         for d in range(topo.num_local_devices):
             assert np.all(rows[d, used:] == -(-rows[d, used - 1] // 8) * 8)
-        expected = spec["stats"][name]
-        np.testing.assert_array_equal(stats.max_ids_per_partition[name].ravel(),
-                                      expected["max_ids_per_partition"])
-        np.testing.assert_array_equal(stats.max_unique_ids_per_partition[name].ravel(),
-                                      expected["max_unique_ids_per_partition"])
-        np.testing.assert_array_equal(stats.required_buffer_size_per_sc[name].ravel(),
-                                      expected["required_buffer_size_per_sc"])
-        assert stats.id_drop_counters[name] == expected["id_drop_counters"]
+        assert_stats_equal(stats, spec["stats"][name], name)
     assert bool(recwarn.list) == any(stats.id_drop_counters.values())
 
 
@@ -268,18 +259,6 @@ def _skewed_cases(draw: st.DrawFn) -> tuple[tc.StackingPlan, dict, dict]:
     return plan, inputs, weights
 
 
-def _bucket_maxima(merged: dict, n: int) -> tuple[int, int]:
-    """Most entries and distinct rows any (SparseCore, partition, bucket) holds."""
-    ids: dict[tuple, int] = {}
-    rows: dict[tuple, set] = {}
-    for key, e in merged.items():
-        for p, r in zip(e.partition, e.local_row, strict=True):
-            k = (key, int(p), row_bucket(int(p), int(r), n))
-            ids[k] = ids.get(k, 0) + 1
-            rows.setdefault(k, set()).add(int(r))
-    return max(ids.values(), default=1), max((len(v) for v in rows.values()), default=1)
-
-
 @settings(max_examples=10, deadline=None)
 @given(_skewed_cases())
 def test_minibatches_partition_the_single_pass_result(case: tuple) -> None:
@@ -289,7 +268,7 @@ def test_minibatches_partition_the_single_pass_result(case: tuple) -> None:
                                      weights)
     # Limits as tight as a single bucket allows: every partition must be split.
     for name in plan.stacks:
-        max_ids, max_unique = _bucket_maxima(reference.stacks[name].merged, n)
+        max_ids, max_unique = bucket_maxima(reference.stacks[name].merged, n)
         plan = plan.with_stack_limits(name, max_ids_per_partition=max_ids,
                                       max_unique_ids_per_partition=max_unique)
     batch, stats = tc.preprocess(plan, inputs, weights, num_threads=2)

@@ -16,10 +16,19 @@ CASES = sorted(p.stem for p in FIXTURES.glob("*.json"))
 REFERENCE_STACK_LIMITS = lambda name, samples: (256, 256)  # noqa: E731 (the reference's default)
 
 
-def load(case: str) -> tuple[dict, dict[str, np.ndarray]]:
-    spec = json.loads((FIXTURES / f"{case}.json").read_text())
-    with np.load(FIXTURES / f"{case}.npz") as z:
+def load(case: str, folder: pathlib.Path = FIXTURES) -> tuple[dict, dict[str, np.ndarray]]:
+    spec = json.loads((folder / f"{case}.json").read_text())
+    with np.load(folder / f"{case}.npz") as z:
         return spec, dict(z)
+
+
+def assert_stats_equal(stats: tc.PreprocessStats, expected: dict, name: str) -> None:
+    """One stack's statistics equal the reference's (flattened row-major)."""
+    for field in ("max_ids_per_partition", "max_unique_ids_per_partition",
+                  "required_buffer_size_per_sc"):
+        np.testing.assert_array_equal(getattr(stats, field)[name].ravel(), expected[field],
+                                      err_msg=f"{name}.{field}")
+    assert stats.id_drop_counters[name] == expected["id_drop_counters"]
 
 
 def build_plan(spec: dict) -> tc.StackingPlan:
@@ -109,14 +118,7 @@ def test_buffers_and_stats_match_reference(case: str, recwarn: pytest.WarningsRe
             np.testing.assert_array_equal(got[covered], want[covered], err_msg=f"{name}.{field}")
         assert np.all(ours.embedding_ids[filler] == 2**31 - 1)
         assert np.all(np.isnan(ours.gains[filler]))
-        expected = spec["stats"][name]
-        np.testing.assert_array_equal(stats.max_ids_per_partition[name].ravel(),
-                                      expected["max_ids_per_partition"])
-        np.testing.assert_array_equal(stats.max_unique_ids_per_partition[name].ravel(),
-                                      expected["max_unique_ids_per_partition"])
-        np.testing.assert_array_equal(stats.required_buffer_size_per_sc[name].ravel(),
-                                      expected["required_buffer_size_per_sc"])
-        assert stats.id_drop_counters[name] == expected["id_drop_counters"]
+        assert_stats_equal(stats, spec["stats"][name], name)
     assert bool(recwarn.list) == any(stats.id_drop_counters.values())
 
 
