@@ -21,8 +21,10 @@ RUNS: dict[str, list[str]] = {
     "quickstart": ["--tiny"],
     "custom_optimizer": ["--tiny"],
     "port_from_reference": ["--tiny"],
-    # The script sets the simulated device count itself, before JAX starts.
+    "flax_linen": ["--tiny"],
+    # These scripts set the simulated device count themselves, before JAX starts.
     "multi_device": ["--tiny", "--devices", "2", "--sc-per-device", "2"],
+    "checkpoint_topology": ["--tiny"],
 }
 
 

@@ -6,6 +6,7 @@ import dataclasses
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -18,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import _input_worker_sources
 import tilecore as tc
 from tilecore import checkpoint, data, training
 from tilecore.cli import main
@@ -375,3 +377,87 @@ def test_minibatched_buffer_size_rejects_bad_counts() -> None:
             training.minibatched_buffer_size(plan, name, max_minibatches=bad)
     assert (training.minibatched_buffer_size(plan, name, max_minibatches=2)
             < training.minibatched_buffer_size(plan, name))
+
+
+# Input worker processes (`--input-processes`).
+
+def _worker_plan(source: object) -> tc.StackingPlan:
+    config = _tiny_config()
+    return tc.plan_stacking(training.click_features(source, config),  # type: ignore[arg-type]
+                            config.topology)
+
+
+def _gone(pid: int) -> bool:
+    """Whether `pid` no longer exists (exited and reaped: no zombie left)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_input_processes_train_like_threads() -> None:
+    source = _input_worker_sources.CheckedSource(_tiny_source())  # raises if a worker has jax
+    threads = training.train(source, _tiny_config(steps=5), progress=io.StringIO())
+    processes = training.train(source, _tiny_config(steps=5, input_processes=2, prefetch=1),
+                               progress=io.StringIO())
+    assert processes.summary.train_losses == threads.summary.train_losses
+    assert processes.summary.evals == threads.summary.evals
+    _states_equal(processes.state, threads.state)
+
+
+def test_input_processes_return_what_preprocess_returns_in_order(tmp_path: Path) -> None:
+    root = data.write_click_files(tmp_path, _tiny_source(), train_batches=3, eval_batches=1)
+    source = data.load_click_files(root)  # a --data source
+    plan = _worker_plan(source)
+    with training.ProcessBatches(source, plan, start=2, stop=7, processes=2, depth=3,
+                                 num_threads=1) as batches:
+        for step in range(2, 7):
+            got = batches.take(step)
+            want, stats = tc.preprocess(plan, source.train_batch(step).sparse)
+            jax.tree.map(np.testing.assert_array_equal, dataclasses.asdict(got.stats),
+                         dataclasses.asdict(stats))
+            assert got.seconds > 0
+            np.testing.assert_array_equal(got.dense, source.train_batch(step).dense)
+            np.testing.assert_array_equal(got.labels, source.train_batch(step).labels)
+            assert len(jax.tree.leaves(want)) > 2  # compared array by array
+            jax.tree.map(np.testing.assert_array_equal, got.sparse, want)
+        with pytest.raises(ValueError, match="expected step 7"):
+            batches.take(3)
+
+
+def test_input_worker_error_carries_its_traceback_and_workers_exit() -> None:
+    source = _input_worker_sources.CheckedSource(_tiny_source(), fail_at=3)
+    plan = _worker_plan(source)
+    with training.ProcessBatches(source, plan, start=0, stop=10, processes=2, depth=2,
+                                 num_threads=1) as batches:
+        pids = batches.pids
+        assert [batches.take(i).labels.shape for i in range(3)] == [(64,)] * 3
+        with pytest.raises(training.InputWorkerError) as error:
+            batches.take(3)
+    message = str(error.value)
+    assert "training batch 3" in message and "ValueError: bad batch 3" in message
+    assert "_input_worker_sources.py" in message and "in train_batch" in message  # traceback
+    assert all(_gone(pid) for pid in pids) and batches.pids == ()
+
+
+def test_input_workers_stop_on_early_exit_and_ignore_ctrl_c() -> None:
+    source = _input_worker_sources.CheckedSource(_tiny_source(), sleep_s=0.2)
+    plan = _worker_plan(source)
+    with pytest.raises(KeyboardInterrupt), training.ProcessBatches(
+            source, plan, start=0, stop=100, processes=2, depth=4, num_threads=1) as batches:
+        pids = batches.pids
+        batches.take(0), batches.take(1)  # both workers are up (and ignore SIGINT)
+        os.kill(pids[1], signal.SIGINT)  # Ctrl-C reaches the whole process group…
+        batches.take(2), batches.take(3)  # …but only the main process acts on it
+        t0 = time.perf_counter()
+        raise KeyboardInterrupt
+    assert time.perf_counter() - t0 < 3  # busy workers are killed, idle ones exit
+    assert all(_gone(pid) for pid in pids)
+
+
+def test_input_processes_option_is_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--input-processes", "-1"]) == 2
+    assert "--input-processes must be >= 0, got -1" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="input_processes must be an integer >= 0"):
+        _tiny_config(input_processes=-2)

@@ -33,7 +33,8 @@ def add_parser(subparsers: Any) -> None:
             "Train embedding tables (tilecore ops) plus a DLRM-style dense model on synthetic "
             "click data whose labels come from a hidden model (or --data files): limits tuned "
             "by FDO first (batches over them split into minibatches), preprocessing prefetched "
-            "in background threads, periodic held-out evaluation (loss, AUC), Orbax "
+            "in background threads (or --input-processes worker processes), periodic held-out "
+            "evaluation (loss, AUC), Orbax "
             "checkpoints (--resume continues from them), a summary (JSON) and PNG plots in "
             "--out."),
     )
@@ -61,6 +62,10 @@ def add_parser(subparsers: Any) -> None:
                    help="devices x SparseCores in one option, e.g. 2x4")
     p.add_argument("--prefetch", type=int, default=2,
                    help="batches preprocessed ahead in background threads (default 2)")
+    p.add_argument("--input-processes", type=int, default=0, metavar="N",
+                   help="generate and preprocess batches in N worker processes instead of "
+                        "threads (no GIL contention with the training loop; for many-core "
+                        "hosts; default 0: threads)")
     add_threads_option(p)
     p.add_argument("--tune-batches", type=int, default=4,
                    help="batches the limits are tuned on before training (default 4)")
@@ -142,8 +147,9 @@ def run(args: argparse.Namespace) -> int:
     for name in ("steps", "eval_every", "eval_batches", "tune_batches", "embedding_dim"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}.")
-    if args.prefetch < 0:
-        raise ValueError(f"--prefetch must be >= 0, got {args.prefetch}.")
+    for name in ("prefetch", "input_processes"):
+        if getattr(args, name) < 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}.")
     if args.checkpoint_every is not None and args.checkpoint_every < 1:
         raise ValueError(f"--checkpoint-every must be >= 1, got {args.checkpoint_every}.")
     topology = _topology(args)
@@ -160,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
         steps=args.steps, model=training.ModelConfig(embedding_dim=args.embedding_dim),
         table_optimizer=optimizer, dense_learning_rate=args.dense_learning_rate,
         topology=topology, eval_every=args.eval_every, eval_batches=args.eval_batches,
-        prefetch=args.prefetch, tune_batches=args.tune_batches, tune_headroom=args.headroom,
+        prefetch=args.prefetch, input_processes=args.input_processes, tune_batches=args.tune_batches, tune_headroom=args.headroom,
         minibatching=args.minibatching,
         pipelining=args.pipelining, num_threads=args.threads, seed=args.seed,
         profile_dir=args.profile, checkpoint_dir=args.out / "checkpoint",
@@ -201,7 +207,7 @@ def _argv(args: argparse.Namespace, topology: tc.Topology) -> list[str]:
             *(["--resume"] if args.resume else [])]
     for flag in ("steps", "batch_size", "eval_every", "eval_batches", "optimizer",
                  "learning_rate", "dense_learning_rate", "embedding_dim", "vocab_sizes",
-                 "prefetch", "threads", "tune_batches", "headroom", "data", "seed", "out",
+                 "prefetch", "input_processes", "threads", "tune_batches", "headroom", "data", "seed", "out",
                  "json", "profile", "checkpoint_every"):
         value = getattr(args, flag)
         if value is not None:

@@ -34,15 +34,21 @@ from ._step import click_stages as click_stages
 from ._step import make_eval_step as make_eval_step
 from ._summary import EvalPoint as EvalPoint
 from ._summary import TrainSummary as TrainSummary
+from ._workers import HostBatch as HostBatch
+from ._workers import InputWorkerError as InputWorkerError
+from ._workers import ProcessBatches as ProcessBatches
 
 __all__ = [
     "MAX_MINIBATCHES",
     "DenseInputs",
     "DeviceBatch",
     "EvalPoint",
+    "HostBatch",
+    "InputWorkerError",
     "ModelConfig",
     "NonFiniteLossError",
     "Prefetcher",
+    "ProcessBatches",
     "Resumed",
     "StepMetrics",
     "TrainConfig",

@@ -23,6 +23,10 @@ class TrainConfig:
         the end).
       eval_batches: held-out batches per evaluation.
       prefetch: batches prepared ahead by background workers (0: none).
+      input_processes: generate and preprocess the training batches in this many
+        worker processes, which do not share the main process's GIL (0: in
+        prefetch threads). Batches in the making: max(prefetch, input_processes).
+        The source must be picklable (the built-in ones are).
       tune_batches: training batches the limits are tuned on (FDO) before training.
       tune_headroom: tuned limits grow by this fraction (later batches may need more:
         they are split into minibatches, or without `minibatching` the IDs over
@@ -53,6 +57,7 @@ class TrainConfig:
     eval_every: int = 200
     eval_batches: int = 4
     prefetch: int = 2
+    input_processes: int = 0
     tune_batches: int = 4
     tune_headroom: float = 0.1
     minibatching: bool = True
@@ -74,8 +79,10 @@ class TrainConfig:
                                   or every < 1):
             raise ValueError(f"TrainConfig: checkpoint_every must be None or an integer >= 1, "
                              f"got {every!r}.")
-        if self.prefetch < 0:
-            raise ValueError(f"TrainConfig: prefetch must be >= 0, got {self.prefetch!r}.")
+        for name in ("prefetch", "input_processes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"TrainConfig: {name} must be an integer >= 0, got {value!r}.")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"TrainConfig: num_threads must be >= 1, got {self.num_threads!r}.")
         if not self.dense_learning_rate > 0 or not self.tune_headroom >= 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import time
@@ -18,7 +19,7 @@ from .. import ops
 from ..data import ClickBatch, ClickSource
 from ..fdo import tune_limits
 from ..pipelining import DenseState, StepInput, TrainState, TrainStep, train_state_sharding
-from ..preprocessing import IdDroppingWarning, PreprocessStats, preprocess
+from ..preprocessing import IdDroppingWarning, PreprocessedBatch, PreprocessStats, preprocess
 from ..specs import FeatureSpec, TableSpec
 from ..stacking import StackingPlan, plan_stacking
 from ._buffers import minibatching_plan
@@ -31,6 +32,7 @@ from ._run import Hooks, Prepared, evaluate_all, run_steps
 from ._step import DenseInputs, DeviceBatch, click_stages, make_eval_step
 from ._summary import LoadTracker, TrainSummary
 from ._tables import init_variables, uniform_init
+from ._workers import ProcessBatches
 
 
 def click_features(source: ClickSource, config: TrainConfig) -> list[FeatureSpec]:
@@ -85,19 +87,35 @@ class _Runner:
         """Preprocess and transfer; also the statistics and the number of minibatches."""
         with annotate("preprocess"):
             sparse, stats = preprocess(self.plan, batch.sparse, num_threads=self.config.num_threads)
+        return self.put(sparse, batch.dense, batch.labels), stats, sparse.num_minibatches
+
+    def put(self, sparse: PreprocessedBatch, dense: np.ndarray, labels: np.ndarray
+            ) -> DeviceBatch:
+        """A preprocessed batch on the devices (split by rows over the mesh, if any)."""
         with annotate("transfer"):
-            host = DeviceBatch(sparse, DenseInputs(batch.dense, batch.labels))
+            host = DeviceBatch(sparse, DenseInputs(dense, labels))
             if self.shardings is None:
-                return jax.device_put(host), stats, sparse.num_minibatches
+                return jax.device_put(host)
             by_batch, replicated = self.shardings  # arrays split by their leading (batch) axis
             placement = jax.tree.map(lambda x: by_batch if np.ndim(x) else replicated, host)
-            return jax.device_put(host, placement), stats, sparse.num_minibatches
+            return jax.device_put(host, placement)
 
     def train_batch(self, step: int) -> Prepared:
         """Training batch `step` on the devices, its statistics and the seconds it took."""
         t0 = time.perf_counter()
         batch, stats, num_minibatches = self.to_device(self.source.train_batch(step))
         return batch, stats, num_minibatches, time.perf_counter() - t0
+
+    def worker_batch(self, batches: ProcessBatches, step: int) -> Prepared:
+        """Training batch `step` from the input workers, on the devices.
+
+        The seconds are the worker's (generating and preprocessing) plus the transfer's.
+        """
+        host = batches.take(step)
+        t0 = time.perf_counter()
+        batch = self.put(host.sparse, host.dense, host.labels)
+        seconds = host.seconds + time.perf_counter() - t0
+        return batch, host.stats, host.sparse.num_minibatches, seconds
 
     def place(self, state: TrainState) -> TrainState:
         """`state` on the mesh (tables by rows, the rest replicated); as is without one."""
@@ -130,7 +148,8 @@ def train(source: ClickSource, config: TrainConfig, *, progress: TextIO | None =
     mesh = _mesh(config)
     resume_from = _resume_step(config)
     plan = plan_stacking(click_features(source, config), config.topology)
-    with warnings.catch_warnings():  # also silences the prefetch workers: they join before exit
+    # The warnings filter also silences the prefetch threads: they join before it ends.
+    with warnings.catch_warnings(), contextlib.ExitStack() as cleanup:
         warnings.simplefilter("ignore", IdDroppingWarning)
         with annotate("fdo"):
             tune_set = [source.train_batch(i).sparse for i in range(config.tune_batches)]
@@ -142,6 +161,14 @@ def train(source: ClickSource, config: TrainConfig, *, progress: TextIO | None =
         if config.minibatching:
             plan = minibatching_plan(plan)
         runner = _Runner(source, config, plan, mesh)
+        batch_hook, prefetch = runner.train_batch, config.prefetch
+        if config.input_processes:  # started early: they import while the steps compile
+            batches = cleanup.enter_context(ProcessBatches(
+                source, plan, start=resume_from or 0, stop=config.steps,
+                processes=config.input_processes, depth=config.prefetch,
+                num_threads=config.num_threads))
+            # The workers prefetch; the main thread only transfers, when the loop asks.
+            batch_hook, prefetch = functools.partial(runner.worker_batch, batches), 0
         eval_set = [(runner.to_device(b)[0], b.labels) for b in
                     (source.eval_batch(i) for i in range(config.eval_batches))]
         optimizer = optax.adam(config.dense_learning_rate)
@@ -157,7 +184,7 @@ def train(source: ClickSource, config: TrainConfig, *, progress: TextIO | None =
         evaluate = make_eval_step(plan, mesh=mesh)
         directory = config.checkpoint_dir
         hooks = Hooks(
-            batch=runner.train_batch,
+            batch=batch_hook,
             evaluate=lambda s: evaluate_all(evaluate, s, eval_set),
             restart=lambda s: runner.place(step.init(s.variables, s.dense, example)),
             save=None if directory is None else functools.partial(save_checkpoint, directory, plan),
@@ -169,7 +196,7 @@ def train(source: ClickSource, config: TrainConfig, *, progress: TextIO | None =
             state, stats = run_steps(
                 step, state, hooks, plan=plan, start=start.step, steps=config.steps,
                 eval_every=config.eval_every, checkpoint_every=config.checkpoint_every,
-                prefetch=config.prefetch, bar=bar, load=load)
+                prefetch=prefetch, bar=bar, load=load)
     run_steps_count = config.steps - start.step
     timed = stats.timed_seconds
     summary = TrainSummary(

@@ -1,0 +1,239 @@
+"""Training batches generated and preprocessed in worker processes (`--input-processes`).
+
+Prefetch threads share the GIL with the main thread's JAX dispatch, so on a
+busy host they prepare a batch far slower than an idle core would. Here each
+of N worker processes generates its batches (`source.train_batch`) and
+preprocesses them (`tilecore.preprocess`, numba); the main process only reads
+the results and puts them on the devices.
+
+The workers never import JAX: they are plain `python -P _workers.py` processes
+(not `multiprocessing`, whose spawn re-imports the parent's `__main__`, the
+JAX-importing CLI), this module imports only the standard library at its top,
+and the plan they receive has its tables' JAX initializers removed. Batch
+`start + k` goes to worker `k mod N`, so reading the workers in turn returns the
+batches in order. Messages are pickles over the worker's stdin and stdout (its
+`print`s go to stderr). A worker ignores SIGINT and exits when its stdin closes,
+so Ctrl-C reaches only the main process, which closes the pipes, waits for the
+workers and kills any that does not exit.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from types import TracebackType
+from typing import IO, TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:  # the workers import only what they run
+    import numpy as np
+
+    from ..data import ClickSource
+    from ..preprocessing import PreprocessedBatch, PreprocessStats
+    from ..stacking import StackingPlan
+
+_EXIT_TIMEOUT_S = 1.0
+"""Seconds the workers get to exit after their pipes close: then they are killed (a
+batch in the making has nothing worth saving)."""
+
+
+class HostBatch(NamedTuple):
+    """A training batch prepared by a worker: what the main process puts on the devices."""
+
+    sparse: PreprocessedBatch
+    stats: PreprocessStats
+    dense: np.ndarray
+    labels: np.ndarray
+    seconds: float  # generating and preprocessing it, in the worker
+
+
+class InputWorkerError(RuntimeError):
+    """A worker failed to prepare a batch; the message holds the worker's traceback."""
+
+
+def host_plan(plan: StackingPlan) -> StackingPlan:
+    """`plan` without the tables' initializers (JAX functions preprocessing never calls)."""
+    features = {name: dataclasses.replace(f, table=dataclasses.replace(f.table, initializer=None))
+                for name, f in plan.features.items()}
+    tables = {name: dataclasses.replace(t, initializer=None) for name, t in plan.tables.items()}
+    return dataclasses.replace(plan, features=features, tables=tables)
+
+
+class _Worker:
+    """One worker process and its two pipes."""
+
+    def __init__(self, index: int, setup: bytes) -> None:
+        self.index = index
+        self.process = subprocess.Popen([sys.executable, "-P", os.path.abspath(__file__)],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.requests: IO[bytes] = self.process.stdin
+        self.results: IO[bytes] = self.process.stdout
+        self.requests.write(setup)
+        self.requests.flush()
+
+    def request(self, step: int) -> None:
+        try:
+            pickle.dump(step, self.requests)
+            self.requests.flush()
+        except BrokenPipeError:
+            pass  # it died: the read of this step's result reports how
+
+    def result(self, step: int) -> HostBatch:
+        try:
+            kind, payload = pickle.load(self.results)
+        except (EOFError, pickle.UnpicklingError, OSError):
+            status = self.process.wait()
+            raise InputWorkerError(
+                f"Input worker {self.index} (pid {self.process.pid}) exited with status "
+                f"{status} before returning training batch {step} (killed, or out of memory?); "
+                "its stderr above may say why. Rerun without --input-processes to prepare "
+                "batches in threads.") from None
+        if kind == "error":
+            raise InputWorkerError(
+                f"Input worker {self.index} failed on training batch {step}: {payload}")
+        return HostBatch(*payload)
+
+    def hang_up(self) -> None:
+        """Close both pipes: an idle worker exits, a busy one when it next writes."""
+        for pipe in (self.requests, self.results):
+            with contextlib.suppress(OSError):  # a broken pipe to a dead worker
+                pipe.close()
+
+    def reap(self, deadline: float) -> None:
+        """Wait for the exit until `deadline` (perf_counter), then kill; never leaves a zombie."""
+        try:
+            self.process.wait(timeout=max(deadline - time.perf_counter(), 0.0))
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+class ProcessBatches:
+    """Training batches `start, start + 1, …` prepared by `processes` worker processes.
+
+    Call `take(step)` with consecutive steps. Up to max(depth, processes)
+    batches are in the making at any time. A worker's exception is raised by
+    the `take` of its batch as `InputWorkerError` with the worker's traceback.
+    Use as a context manager (or call `close`): it stops the workers, on errors
+    and early exits too.
+    """
+
+    def __init__(self, source: ClickSource, plan: StackingPlan, *, start: int, stop: int,
+                 processes: int, depth: int, num_threads: int | None) -> None:
+        if processes < 1:
+            raise ValueError(f"ProcessBatches: processes must be >= 1, got {processes}.")
+        setup = (pickle.dumps(list(sys.path))
+                 + pickle.dumps((source, host_plan(plan), num_threads), protocol=5))
+        self._start, self._stop = start, stop
+        self._ahead = max(depth, processes)
+        self._next_request = self._next_take = start
+        self._pending: collections.deque[int] = collections.deque()
+        self._workers: list[_Worker] = []
+        try:
+            for index in range(processes):
+                self._workers.append(_Worker(index, setup))
+            self._fill()
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        """The workers' process IDs (none after `close`)."""
+        return tuple(w.process.pid for w in self._workers)
+
+    def _worker(self, step: int) -> _Worker:
+        return self._workers[(step - self._start) % len(self._workers)]
+
+    def _fill(self) -> None:
+        while self._next_request < self._stop and len(self._pending) < self._ahead:
+            self._worker(self._next_request).request(self._next_request)
+            self._pending.append(self._next_request)
+            self._next_request += 1
+
+    def take(self, step: int) -> HostBatch:
+        """Batch `step` (the step after the previous `take`'s, starting at `start`)."""
+        if not self._workers:
+            raise RuntimeError("ProcessBatches: take() after close().")
+        if step != self._next_take or not self._pending:
+            raise ValueError(f"ProcessBatches: batches come in order; expected step "
+                             f"{self._next_take} (of {self._start}..{self._stop - 1}), got {step}.")
+        self._pending.popleft()
+        self._next_take += 1
+        batch = self._worker(step).result(step)
+        self._fill()
+        return batch
+
+    def close(self) -> None:
+        """Stop the workers: idle ones exit at once, busy ones are killed after 1 s."""
+        workers, self._workers = self._workers, []
+        for worker in workers:
+            worker.hang_up()
+        deadline = time.perf_counter() + _EXIT_TIMEOUT_S
+        for worker in workers:
+            worker.reap(deadline)
+
+    def __enter__(self) -> ProcessBatches:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.close()
+
+
+def _prepare(source: Any, plan: Any, num_threads: int | None, step: int) -> tuple[Any, ...]:
+    from tilecore.preprocessing import preprocess
+
+    t0 = time.perf_counter()
+    batch = source.train_batch(step)
+    sparse, stats = preprocess(plan, batch.sparse, num_threads=num_threads)
+    return sparse, stats, batch.dense, batch.labels, time.perf_counter() - t0
+
+
+def _serve() -> None:
+    """The worker's main: answer each step read from stdin with its batch on stdout."""
+    import traceback
+    import warnings
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # stray prints must not corrupt the result stream
+    requests = sys.stdin.buffer
+    sys.path[:] = pickle.load(requests)
+    setup: tuple[Any, Any, int | None] | None = None
+    setup_error = ""
+    try:
+        from tilecore.preprocessing import IdDroppingWarning
+
+        warnings.simplefilter("ignore", IdDroppingWarning)  # counted from the stats instead
+        setup = pickle.load(requests)
+    except Exception:
+        setup_error = f"setting up failed (is the source picklable?):\n{traceback.format_exc()}"
+    while True:
+        try:
+            step = pickle.load(requests)
+        except EOFError:
+            return
+        if setup is None:
+            message: tuple[str, Any] = ("error", setup_error)
+        else:
+            try:
+                message = ("ok", _prepare(*setup, step))
+            except Exception:
+                message = ("error", f"\n{traceback.format_exc()}")
+        try:
+            pickle.dump(message, out, protocol=5)
+            out.flush()
+        except (BrokenPipeError, OSError):
+            return  # the main process stopped reading
+
+
+if __name__ == "__main__":
+    _serve()
