@@ -153,15 +153,17 @@ def radix_pass(entries, gains, entries_out, gains_out, has_weights, shift, digit
 
 @_jit
 def emit(entries, gains, has_weights, sample_gains, combiner, rowbits, num_partitions, max_ids, max_unique,
-         eids, sids, out_gains, row_pointers, ids_out, unique_out, stop_at_limit=False):
+         eids, sids, out_gains, row_pointers, ids_out, unique_out, speculative=False):
     """Merge, count, limit and pack sorted entries into one SparseCore's slot.
 
     Writes every slot entry (kept entries, then NaN/INT32_MAX filler) and every row
     pointer. Returns (required buffer size, dropped raw IDs, IDs that did not fit
     the slot). Entries past a limit are dropped; the caller decides whether a
-    limit overrun is an error. With `stop_at_limit` (minibatching's speculative
-    pass 1, whose packing is discarded once a limit is exceeded) the first overrun
-    returns (-1, 0, 0) at once, the counts and the slot left incomplete.
+    limit overrun is an error. `speculative` (minibatching's pass 1, whose packing
+    is discarded once a limit is exceeded, and whose packings are moved together
+    and the gaps filled afterwards) returns (-1, 0, 0) at the first overrun, the
+    counts and the slot left incomplete, and leaves the slot past the last
+    partition's end unwritten.
     """
     n = entries.shape[0]
     slot = eids.shape[0]
@@ -207,7 +209,7 @@ def emit(entries, gains, has_weights, sample_gains, combiner, rowbits, num_parti
                 last_key = key
             ids += 1
             if ids > max_ids or uniq > max_unique:
-                if stop_at_limit:
+                if speculative:
                     return -1, 0, 0
                 dropped += raw
             elif pos >= slot:
@@ -224,7 +226,7 @@ def emit(entries, gains, has_weights, sample_gains, combiner, rowbits, num_parti
     end = min((pos + 7) & ~7, slot)
     for p in range(num_partitions, row_pointers.shape[0]):
         row_pointers[p] = end
-    for j in range(pos, slot):
+    for j in range(pos, pos if speculative else slot):
         eids[j] = FILLER_ID
         sids[j] = FILLER_ID
         out_gains[j] = nan

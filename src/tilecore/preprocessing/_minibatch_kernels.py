@@ -71,6 +71,27 @@ def merge(entries, gains, has_weights, sample_gains, combiner, rowbits, out_entr
 
 
 @_jit
+def unpack(eids, sids, gains, row_pointers, num_partitions, rowbits, out_entries, out_gains):
+    """`merge`'s entries and gains read back from a slot `emit` packed dropping none.
+
+    Partition p's entries end at `row_pointers[p]` and start at the previous end
+    rounded up to 8 (slot-relative). Returns the number of entries written.
+    """
+    sb = np.uint64(SAMPLE_BITS)
+    m = 0
+    start = 0
+    for p in range(num_partitions):
+        end = row_pointers[p]
+        prefix = np.uint64(p) << np.uint64(rowbits)
+        for j in range(start, end):
+            out_entries[m] = ((prefix | np.uint64(eids[j])) << sb) | np.uint64(sids[j])
+            out_gains[m] = gains[j]
+            m += 1
+        start = (end + 7) & ~7
+    return m
+
+
+@_jit
 def bucketize(entries, rowbits, log2n, state, memo, cols, col_buckets, misses, miss_buckets,
               buckets, ids_pb, unique_pb):
     """Bucket of each merged entry's row and the per-(partition, bucket) counts
@@ -188,6 +209,61 @@ def order_by_minibatch(entries, gains, raw, buckets, mb_of_bucket, num_minibatch
         out_entries[at] = entries[i]
         out_gains[at] = gains[i]
         out_raw[at] = raw[i]
+
+
+@_jit
+def scatter_pack(entries, gains, buckets, mb_of_bucket, num_minibatches, rowbits, ids_pb, base,
+                 eids, sids, out_gains, row_pointers, block):
+    """`order_by_minibatch` then `pack` in one pass, for segments within the limits.
+
+    Nothing is dropped, so each (minibatch, partition, bucket) group's place in the
+    device buffer follows from the counts `ids_pb`: the layout (row pointers,
+    filler) is written first, then every merged entry straight to its place.
+    Returns (end position, overflow (entries past the buffer)), as `pack` does.
+    """
+    capacity = eids.shape[0]
+    nan = np.float32(np.nan)
+    n_part = ids_pb.shape[0]
+    start = np.empty((n_part, NUM_BUCKETS), np.int64)
+    pos = base
+    for mb in range(num_minibatches):
+        for p in range(n_part):
+            aligned = (pos + 7) & ~7
+            for j in range(pos, min(aligned, capacity)):
+                eids[j] = FILLER_ID
+                sids[j] = FILLER_ID
+                out_gains[j] = nan
+            pos = aligned
+            for b in range(NUM_BUCKETS):
+                if mb_of_bucket[b] == mb:
+                    start[p, b] = pos
+                    pos += ids_pb[p, b]
+            row_pointers[mb * block + p] = min(pos, capacity)
+        end = min((pos + 7) & ~7, capacity)
+        for p in range(n_part, block):
+            row_pointers[mb * block + p] = end
+    for j in range(pos, min((pos + 7) & ~7, capacity)):
+        eids[j] = FILLER_ID
+        sids[j] = FILLER_ID
+        out_gains[j] = nan
+    sb = np.uint64(SAMPLE_BITS)
+    sample_mask = np.uint64((1 << SAMPLE_BITS) - 1)
+    row_mask = np.uint64((1 << rowbits) - 1)
+    part_shift = np.uint64(rowbits + SAMPLE_BITS)
+    overflow = 0
+    for i in range(entries.shape[0]):
+        x = entries[i]
+        p = np.int64(x >> part_shift)
+        b = buckets[i]
+        at = start[p, b]
+        start[p, b] = at + 1
+        if at >= capacity:
+            overflow += 1
+        else:
+            eids[at] = np.int32((x >> sb) & row_mask)
+            sids[at] = np.int32(x & sample_mask)
+            out_gains[at] = gains[i]
+    return pos, overflow
 
 
 @_jit

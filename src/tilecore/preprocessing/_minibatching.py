@@ -1,14 +1,16 @@
 """Minibatching: agree on a split of the batch, then pack every stack's minibatches.
 
-Pass 1 (in `_preprocess`) sorted, merged and counted each SparseCore's entries,
-keeping the sorted entries, and packed them speculatively as one minibatch into
-the SparseCore's fixed slot. If no partition of any stack exceeds its limits on
-any process (`Agreement`, round "required"), the slots are only moved together
-(`_compact`). Otherwise pass 2 merges the sorted entries again, buckets every
-entry by a hash of its row, computes each partition's 63-bit split of the 64
-buckets, ORs the splits over SparseCores, devices, stacks and processes (round
-"split") and regroups the entries into `popcount(split) + 1` minibatches of
-contiguous buckets. Either way the device buffers get the minibatching layout
+Pass 1 (in `_preprocess`) sorted, merged and counted each SparseCore's entries
+and packed them speculatively as one minibatch, right after the previous
+SparseCore's when that one had finished, else into the SparseCore's fixed slot;
+it keeps only what the packing lacks (`keep_sorted`). If no partition of any
+stack exceeds its limits on any process (`Agreement`, round "required"), the
+packings are only moved together (`_compact`). Otherwise pass 2 takes the merged
+entries (read back from the packing where it holds them all), buckets every entry
+by a hash of its row, computes each partition's 63-bit split of the 64 buckets,
+ORs the splits over SparseCores, devices, stacks and processes (round "split")
+and regroups the entries into `popcount(split) + 1` minibatches of contiguous
+buckets (as they are written, where nothing is dropped). Either way the device buffers get the minibatching layout
 (REFERENCE §3): per device, segments packed SparseCore-major then by minibatch,
 partitions 8-aligned, row pointers absolute.
 """
@@ -46,9 +48,11 @@ class Merged:
 @dataclasses.dataclass(frozen=True, eq=False)
 class Sorted:
     """One SparseCore's sorted entries of one stack (pass 1), as `_kernels.emit` takes
-    them, with its per-partition counts and where its speculative packing ended
-    (`fits_slot`: nothing was cut off by the end of its slot). `merged` is set when
-    pass 1 already merged them (a limit was exceeded: the packing was abandoned)."""
+    them, with its per-partition counts and where its speculative packing starts in
+    the device buffer and ends in its slot (`fits_slot`: nothing was cut off by the
+    end of the slot). `merged` is set when pass 1 already merged them (a limit was
+    exceeded: the packing was abandoned). `in_slot`: the entries were let go because the packing holds them all, merged
+    (`_merged` reads them back)."""
 
     entries: np.ndarray
     gains: np.ndarray
@@ -58,9 +62,11 @@ class Sorted:
     rowbits: int
     ids: np.ndarray
     unique: np.ndarray
+    start: int
     end: int
     fits_slot: bool
     merged: Merged | None = None
+    in_slot: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,11 +86,28 @@ class StackPacking:
 
 
 @dataclasses.dataclass(frozen=True)
+class _Grouping:
+    """Each merged entry's bucket, the buckets' minibatches and the per-(partition,
+    bucket) entry counts: where `mk.scatter_pack` puts each entry."""
+
+    buckets: np.ndarray
+    mb_of_bucket: np.ndarray
+    ids_pb: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
 class _Segments:
+    """One SparseCore's entries by (minibatch, partition) segment, `counts` `[M, N]`
+    entries each. `within_limits`: no segment exceeds a limit (packing drops
+    nothing). With `grouping` the entries are still in merged order, regrouped as
+    they are written (one pass fewer); without, grouped already."""
+
     entries: np.ndarray
     gains: np.ndarray
     raw: np.ndarray
     counts: np.ndarray
+    within_limits: bool
+    grouping: _Grouping | None = None
 
 
 Map = Callable[[Callable[[Any], Any], Sequence[Any]], list[Any]]
@@ -115,7 +138,7 @@ def pack_minibatches(
         parallel_map(lambda t: _compact(t[0], t[1], sc_per_device),
                      [(s, d) for s in stacks for d in range(s.buffers.embedding_ids.shape[0])])
         return 1, none, dict(none)
-    merged = parallel_map(lambda t: _merged(t[0].sorted[t[1]]), tasks)
+    merged = parallel_map(lambda t: _merged(t[0], t[1], sc_per_device), tasks)
     if required:
         memo = bucket_memo(max(s.vocab_size for s in stacks))
         counted = parallel_map(lambda i: _bucketize(tasks[i][0], merged[i], memo),
@@ -145,10 +168,10 @@ def pack_minibatches(
     else:  # a slot was too small for its SparseCore: pack from the merged entries
         num_mb = 1
         segments = [
-            _Segments(m.entries, m.gains, m.raw, stack.sorted[sc].ids.reshape(1, -1))
+            _Segments(m.entries, m.gains, m.raw, stack.sorted[sc].ids.reshape(1, -1), True)
             for (stack, sc), m in zip(tasks, merged, strict=True)
         ]
-    sizes = parallel_map(lambda i: _pack(tasks[i], segments[i], num_mb, sc_per_device, 0, False),
+    sizes = parallel_map(lambda i: _size(tasks[i], segments[i], num_mb, sc_per_device),
                          range(len(tasks)))
     bases = _bases(tasks, sizes, sc_per_device)
     written = parallel_map(
@@ -158,6 +181,7 @@ def pack_minibatches(
     overflow: dict[str, int] = {s.name: 0 for s in stacks}
     ends: dict[tuple[str, int], int] = {}
     for (stack, sc), (end, drop, over) in zip(tasks, written, strict=True):
+        assert not (drop and stack.sorted[sc].in_slot), "within limits, yet dropped"
         dropped[stack.name] += drop
         overflow[stack.name] += over
         ends[stack.name, sc // sc_per_device] = end
@@ -167,19 +191,20 @@ def pack_minibatches(
 
 
 def _compact(stack: StackPacking, device: int, sc_per_device: int) -> None:
-    """Move one device's speculatively packed slots together: each SparseCore's
-    single minibatch starts at the 8-aligned end of the previous one's."""
+    """Move one device's speculative packings together: each SparseCore's single
+    minibatch starts at the 8-aligned end of the previous one's (where pass 1
+    already put it when the previous one had finished first), then fill the gaps."""
     b = stack.buffers
     block = b.row_pointers.shape[1] // (NUM_BUCKETS * sc_per_device)
     eids, sids, gains = b.embedding_ids[device], b.sample_ids[device], b.gains[device]
     base = 0
     for sc in range(sc_per_device):
-        end = stack.sorted[device * sc_per_device + sc].end
-        src = sc * stack.slot
-        if src != base:
+        packing = stack.sorted[device * sc_per_device + sc]
+        src, end = packing.start, packing.end
+        if src != base:  # packed before the previous SparseCore's end was known
             for a in (eids, sids, gains):
                 a[base:base + end] = a[src:src + end]
-        if base:  # pass 1 wrote them relative to the slot
+        if base:  # pass 1 wrote them relative to its start
             b.row_pointers[device, sc * block:(sc + 1) * block] += base
         aligned = (base + end + 7) & ~7
         eids[base + end:aligned] = FILLER_ID
@@ -192,19 +217,60 @@ def _compact(stack: StackPacking, device: int, sc_per_device: int) -> None:
     b.row_pointers[device, sc_per_device * block:] = base
 
 
-def merge_sorted(entries: Sorted) -> Sorted:
-    """`entries` with `merged` set and their counts recomputed (pass 1, past a limit)."""
-    entries.ids.fill(0)
-    entries.unique.fill(0)
-    merged = _merge(entries, entries.ids, entries.unique)
-    return dataclasses.replace(entries, merged=merged, fits_slot=False)
+def keep_sorted(entries: Sorted, *, exceeded: bool) -> Sorted:
+    """Pass 1's `entries` in a form that outlives its task, for pass 2.
+
+    The sorted arrays are per-thread scratch (cache-warm), which the thread's next
+    task overwrites. Past a limit (`exceeded`) they are merged into fresh arrays
+    and the counts recomputed; if the slot cut some off they are copied; otherwise
+    the packing holds every merged entry and nothing is kept: the usual case, no
+    split, costs what packing without minibatching does.
+    """
+    none = np.zeros(0, np.uint64)
+    if exceeded:
+        entries.ids.fill(0)
+        entries.unique.fill(0)
+        merged = _merge(entries, entries.ids, entries.unique)
+        return dataclasses.replace(entries, entries=none, gains=none, sample_gains=none,
+                                   merged=merged, fits_slot=False)
+    if not entries.fits_slot:
+        arrays = (entries.entries, entries.gains, entries.sample_gains)
+        copies = allocate([(a.shape, a.dtype.type) for a in arrays])
+        for a, copy in zip(arrays, copies, strict=True):
+            np.copyto(copy, a)
+        return dataclasses.replace(entries, entries=copies[0], gains=copies[1],
+                                   sample_gains=copies[2])
+    return dataclasses.replace(entries, entries=none, gains=none, sample_gains=none,
+                               in_slot=True)
 
 
-def _merged(entries: Sorted) -> Merged:
+def _merged(stack: StackPacking, index: int, sc_per_device: int) -> Merged:
+    """SparseCore `index`'s merged entries of `stack` (pass 2, before any packing).
+
+    Read back from pass 1's packing (`in_slot`), each entry's raw count is 1: that
+    packing stayed within the limits in every partition, hence in every minibatch,
+    so pass 2 drops none of its entries and never reads the counts (`pack_minibatches`
+    checks it).
+    """
+    entries = stack.sorted[index]
     if entries.merged is not None:
         return entries.merged
-    n = len(entries.ids)
-    return _merge(entries, np.zeros(n, np.int64), np.zeros(n, np.int64))
+    if not entries.in_slot:
+        n = len(entries.ids)
+        return _merge(entries, np.zeros(n, np.int64), np.zeros(n, np.int64))
+    device, sc = divmod(index, sc_per_device)
+    b = stack.buffers
+    block = b.row_pointers.shape[1] // (NUM_BUCKETS * sc_per_device)
+    slot = slice(entries.start, entries.start + stack.slot)
+    size = int(entries.ids.sum())
+    out_entries, out_gains, out_raw = allocate(
+        [((size,), np.uint64), ((size,), np.float32), ((size,), np.int32)])
+    out_raw.fill(1)
+    m = mk.unpack(b.embedding_ids[device, slot], b.sample_ids[device, slot],
+                  b.gains[device, slot], b.row_pointers[device, sc * block:(sc + 1) * block],
+                  len(entries.ids), stack.rowbits, out_entries, out_gains)
+    assert m == size, f"read {m} entries back from a slot of {size}"
+    return Merged(out_entries, out_gains, out_raw)
 
 
 def _merge(entries: Sorted, ids: np.ndarray, unique: np.ndarray) -> Merged:
@@ -235,13 +301,31 @@ def _bucketize(stack: StackPacking, merged: Merged, memo: np.ndarray
 def _order(stack: StackPacking, merged: Merged, counted: tuple[np.ndarray, np.ndarray, int],
            mb_of_bucket: np.ndarray, num_mb: int) -> _Segments:
     buckets, counts, _ = counted
+    # A row lives in one bucket: a segment's distinct rows are its buckets' summed.
+    onehot = (mb_of_bucket[:, None] == np.arange(num_mb)[None, :]).astype(np.int64)
+    seg_counts = np.ascontiguousarray((counts[0] @ onehot).T)
+    if (int(seg_counts.max(initial=0)) <= stack.max_ids
+            and int((counts[1] @ onehot).max(initial=0)) <= stack.max_unique):
+        return _Segments(merged.entries, merged.gains, merged.raw, seg_counts, True,
+                         _Grouping(buckets, mb_of_bucket, counts[0]))
     size = len(merged.entries)
     entries, gains, raw = allocate(
         [((size,), np.uint64), ((size,), np.float32), ((size,), np.int32)])
-    out = _Segments(entries, gains, raw, np.zeros((num_mb, len(stack.sorted[0].ids)), np.int64))
     mk.order_by_minibatch(merged.entries, merged.gains, merged.raw, buckets, mb_of_bucket, num_mb,
-                          stack.rowbits, counts[0], out.entries, out.gains, out.raw, out.counts)
-    return out
+                          stack.rowbits, counts[0], entries, gains, raw, seg_counts)
+    return _Segments(entries, gains, raw, seg_counts, False)
+
+
+def _size(task: tuple[StackPacking, int], seg: _Segments, num_mb: int, sc_per_device: int
+          ) -> tuple[int, int, int]:
+    """`_pack`'s (end, dropped, overflow) from base 0 without writing. Within the
+    limits nothing is dropped and the end follows from the counts alone: every
+    segment but the last takes its count rounded up to 8."""
+    if not seg.within_limits:
+        return _pack(task, seg, num_mb, sc_per_device, 0, False)
+    counts = seg.counts.reshape(-1)
+    end = int(((counts[:-1] + 7) & ~7).sum() + counts[-1]) if counts.size else 0
+    return end, 0, 0
 
 
 def _pack(task: tuple[StackPacking, int], seg: _Segments, num_mb: int, sc_per_device: int,
@@ -251,6 +335,12 @@ def _pack(task: tuple[StackPacking, int], seg: _Segments, num_mb: int, sc_per_de
     b = stack.buffers
     block = b.row_pointers.shape[1] // (NUM_BUCKETS * sc_per_device)
     rows = b.row_pointers[device, sc * num_mb * block:(sc + 1) * num_mb * block]
+    if write and seg.grouping is not None:
+        g = seg.grouping
+        end, overflow = mk.scatter_pack(
+            seg.entries, seg.gains, g.buckets, g.mb_of_bucket, num_mb, stack.rowbits, g.ids_pb,
+            base, b.embedding_ids[device], b.sample_ids[device], b.gains[device], rows, block)
+        return int(end), 0, int(overflow)
     end, dropped, overflow = mk.pack(
         seg.entries, seg.gains, seg.raw, seg.counts, stack.rowbits, stack.max_ids,
         stack.max_unique, base, write, b.embedding_ids[device], b.sample_ids[device],

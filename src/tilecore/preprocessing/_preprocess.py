@@ -20,7 +20,7 @@ from ._errors import IdDroppingWarning
 from ._highway import NUM_BUCKETS
 from ._inputs import Csr, check_feature_names, to_csr
 from ._limits import check_limits, coo_buffer_size_per_device, row_pointers_size_per_device
-from ._minibatching import Sorted, StackPacking, merge_sorted, pack_minibatches
+from ._minibatching import Sorted, StackPacking, keep_sorted, pack_minibatches
 from ._scratch import scratch
 from ._threads import pool, resolve_num_threads
 from ._types import PreprocessedBatch, PreprocessStats, Ragged, StackBuffers
@@ -59,6 +59,9 @@ class _StackJob:
     sc_per_device: int
     minibatching: bool
     buffers: StackBuffers
+    packed_ends: np.ndarray
+    """[local devices, S] with minibatching: the aligned end of each SparseCore's
+    pass-1 packing once it is known to sit where `_compact` puts it, else -1."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,7 +123,7 @@ def _make_job(plan: StackingPlan, stack: StackSpec, csrs: Mapping[str, Csr]) -> 
         stack=stack, parts=tuple(parts), combiner=_COMBINER_CODES[stack.combiner], log2n=log2n,
         rowbits=rowbits, digit_bits=-(-total_bits // passes), passes=passes, slot=coo // s,
         samples_per_sc=samples_per_sc, sc_per_device=s, minibatching=minibatching,
-        buffers=buffers,
+        buffers=buffers, packed_ends=np.full((local, s), -1, np.int64),
     )
 
 
@@ -164,15 +167,19 @@ def _run_task(job: _StackJob, device: int, sc: int, num_partitions: int, sc_per_
                          job.digit_bits, hist[p])
             entries, gains, entries2, gains2 = entries2, gains2, entries, gains
     b = job.buffers
-    slot = slice(sc * job.slot, (sc + 1) * job.slot)
+    start, packed = sc * job.slot, False
     if job.minibatching:
-        # Pass 1's packing is speculative: this SparseCore's only minibatch goes to
-        # its slot, moved next to the previous SparseCore's if no split is needed
+        # Pass 1's packing is speculative: this SparseCore's only minibatch goes
+        # right after the previous SparseCore's if that one is packed already, else
+        # to its own slot, moved there later if no split is needed
         # (`pack_minibatches`). Past a limit a split is certain: packing stops and
         # the entries are merged for pass 2 instead.
         block = b.row_pointers.shape[1] // (NUM_BUCKETS * sc_per_device)
+        previous = int(job.packed_ends[device, sc - 1]) if sc else 0
+        start, packed = (previous, True) if previous >= 0 else (start, False)
     else:
         block = b.row_pointers.shape[1] // sc_per_device
+    slot = slice(start, start + job.slot)
     row_pointers = b.row_pointers[device, sc * block:(sc + 1) * block]
     required, dropped, overflow = k.emit(
         entries, gains, weighted, sample_gains, job.combiner, job.rowbits, n,
@@ -181,12 +188,15 @@ def _run_task(job: _StackJob, device: int, sc: int, num_partitions: int, sc_per_
         row_pointers, ids, unique, job.minibatching,
     )
     if job.minibatching:
-        sorted_entries = Sorted(
-            entries=entries, gains=gains, weighted=weighted, sample_gains=sample_gains,
-            combiner=job.combiner, rowbits=job.rowbits, ids=ids, unique=unique,
-            end=int(row_pointers[n - 1]) if n else 0, fits_slot=not overflow)
+        end = int(row_pointers[n - 1]) if n else 0
+        if packed and required >= 0 and not overflow:
+            job.packed_ends[device, sc] = (start + end + 7) & ~7
+        sorted_entries = keep_sorted(
+            Sorted(entries=entries, gains=gains, weighted=weighted, sample_gains=sample_gains,
+                   combiner=job.combiner, rowbits=job.rowbits, ids=ids, unique=unique,
+                   start=start, end=end, fits_slot=not overflow),
+            exceeded=required < 0)
         if required < 0:
-            sorted_entries = merge_sorted(sorted_entries)
             required = int(((ids + 7) & ~7).sum())
         return _TaskResult(None, ids, unique, int(required), sorted=sorted_entries)
     return _TaskResult(None, ids, unique, int(required), int(dropped), int(overflow))
@@ -194,21 +204,15 @@ def _run_task(job: _StackJob, device: int, sc: int, num_partitions: int, sc_per_
 
 def _sort_buffers(job: _StackJob, total: int, weighted: bool) -> list[np.ndarray]:
     """(entries, gains, sample_gains, entries2, gains2): the radix sort's ping-pong
-    arrays, per-thread scratch. With minibatching the sorted entries outlive the
-    task (pass 2 may need them): the arrays the last pass writes, and the sample
-    gains, come from one pooled allocation instead."""
+    arrays, per-thread scratch (cache-warm: every task of the thread reuses them).
+    With minibatching, what pass 2 may need of them is kept by `keep_sorted`."""
     n_gains = total if weighted else 0
-    specs: list[tuple[str, int, type[np.generic]]] = [
-        ("entries", total, np.uint64), ("gains", n_gains, np.float32),
-        ("sample_gains", 0 if weighted else job.samples_per_sc, np.float32),
-        ("entries2", total if job.passes > 1 else 0, np.uint64),
-        ("gains2", n_gains if job.passes > 1 else 0, np.float32),
+    return [
+        scratch("entries", total, np.uint64), scratch("gains", n_gains, np.float32),
+        scratch("sample_gains", 0 if weighted else job.samples_per_sc, np.float32),
+        scratch("entries2", total if job.passes > 1 else 0, np.uint64),
+        scratch("gains2", n_gains if job.passes > 1 else 0, np.float32),
     ]
-    final = (0, 1) if job.passes % 2 else (3, 4)
-    pooled = (*final, 2) if job.minibatching else ()
-    arrays = dict(zip(pooled, allocate([((specs[i][1],), specs[i][2]) for i in pooled]),
-                      strict=True))
-    return [arrays[i] if i in arrays else scratch(*spec) for i, spec in enumerate(specs)]
 
 
 def _task_size(job: _StackJob, device: int, sc: int) -> int:
