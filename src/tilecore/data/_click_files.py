@@ -25,6 +25,7 @@ import numpy as np
 
 from ..preprocessing import Ragged
 from ._clicks import ClickBatch, ClickFeature
+from ._files import read_npz
 
 SCHEMA_FILE = "clicks.json"
 
@@ -108,16 +109,16 @@ class ClickFiles:
         return self._read(self.eval_files[index % len(self.eval_files)])
 
     def _read(self, path: Path) -> ClickBatch:
-        with np.load(path) as npz:
-            needed = ["dense", "labels"] + [f"{f.name}.{part}" for f in self.features
-                                            for part in ("values", "row_splits")]
-            missing = [key for key in needed if key not in npz.files]
-            if missing:
-                raise ValueError(f"Click file {path}: missing arrays {missing}; it holds "
-                                 f"{sorted(npz.files)}. Write it with write_click_files.")
-            sparse = {f.name: Ragged(npz[f"{f.name}.values"], npz[f"{f.name}.row_splits"])
-                      for f in self.features}
-            dense, labels = npz["dense"].astype(np.float32), npz["labels"].astype(np.float32)
+        npz = read_npz(path)
+        needed = ["dense", "labels"] + [f"{f.name}.{part}" for f in self.features
+                                        for part in ("values", "row_splits")]
+        missing = [key for key in needed if key not in npz]
+        if missing:
+            raise ValueError(f"Click file {path}: missing arrays {missing}; it holds "
+                             f"{sorted(npz)}. Write it with write_click_files.")
+        sparse = {f.name: Ragged(npz[f"{f.name}.values"], npz[f"{f.name}.row_splits"])
+                  for f in self.features}
+        dense, labels = npz["dense"].astype(np.float32), npz["labels"].astype(np.float32)
         b, d = self.batch_size, self.num_dense
         if dense.shape != (b, d) or labels.shape != (b,):
             raise ValueError(f"Click file {path}: dense {dense.shape} and labels {labels.shape}; "

@@ -11,6 +11,7 @@ column; reading it needs `pyarrow` (`pip install 'tilecore[parquet]'`).
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,10 @@ import numpy as np
 from ..preprocessing import Ragged
 
 _PARTS = ("values", "row_splits", "weights")
+# numpy parses .npy headers with `ast.literal_eval`, which CPython 3.11 cannot run in
+# several threads at once ("AST constructor recursion depth mismatch"); prefetching
+# threads read batch files concurrently.
+_NPZ_LOCK = threading.Lock()
 SUFFIXES = (".npz", ".parquet")
 
 
@@ -61,17 +66,23 @@ def load_batch(path: str | os.PathLike[str]) -> dict[str, Ragged]:
     raise ValueError(f"{path}: unknown batch file type {path.suffix!r}; use one of {SUFFIXES}.")
 
 
+def read_npz(path: Path) -> dict[str, np.ndarray]:
+    """Every array of the `.npz` archive at `path` (safe to call from several threads)."""
+    with _NPZ_LOCK:
+        try:
+            archive = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as error:
+            raise ValueError(f"{path}: cannot read it as an .npz archive ({error}).") from None
+        if not isinstance(archive, np.lib.npyio.NpzFile):
+            raise ValueError(f"{path}: holds one array, not an .npz archive; save the batch "
+                             "with tilecore.data.save_batch or np.savez(path, "
+                             "**{'<feature>/values': ..., '<feature>/row_splits': ...}).")
+        with archive:
+            return {key: archive[key] for key in archive}
+
+
 def _load_npz(path: Path) -> dict[str, Ragged]:
-    try:
-        archive = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as error:
-        raise ValueError(f"{path}: cannot read it as an .npz archive ({error}).") from None
-    if not isinstance(archive, np.lib.npyio.NpzFile):
-        raise ValueError(f"{path}: holds one array, not an .npz archive; save the batch with "
-                         "tilecore.data.save_batch or np.savez(path, **{'<feature>/values': ..., "
-                         "'<feature>/row_splits': ...}).")
-    with archive:
-        arrays = {key: archive[key] for key in archive}
+    arrays = read_npz(path)
     bad = [k for k in arrays if k.rpartition("/")[2] not in _PARTS or not k.rpartition("/")[0]]
     if bad:
         raise ValueError(f"{path}: array names must be <feature>/values, <feature>/row_splits "
