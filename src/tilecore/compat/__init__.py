@@ -8,7 +8,13 @@ A reference script ports by changing one import line::
 The modules mirror the reference's names, arguments, defaults and in-place
 updates of the specs they are given; the work is done by tilecore's native API
 (`tilecore.stacking`, `tilecore.preprocess`, `tilecore.ops`). Nothing here
-imports JAX at import time; the device functions import it on first call. See `tilecore.compat.embedding` for the differences from the reference.
+imports JAX at import time; the device functions import it on first call. See
+`tilecore.compat.embedding` for the differences from the reference.
+
+Two more ports import JAX and Flax, so they are imported explicitly:
+`tilecore.compat.embedding_pipelining_utils` (the reference's
+`lib/nn/embedding_pipelining_utils`) and `tilecore.compat.flax.linen` /
+`tilecore.compat.flax.nnx` (its `lib/flax` layers).
 """
 
 from . import embedding as embedding
