@@ -195,6 +195,13 @@ def main(process_id: int, num_processes: int, port: int, out: Path, parts: list[
         run_agreement(out)
     (out / f"done-{process_id}").write_text(json.dumps(
         {"ops_s": ops_done - started, "total_s": time.monotonic() - started}))
+    if process_id == 0:
+        # Process 0 hosts the coordination service: a peer still working when it
+        # goes is aborted by JAX ("another task died"). Leave only once all are done.
+        deadline = time.monotonic() + 60
+        while (time.monotonic() < deadline
+               and not all((out / f"done-{p}").exists() for p in range(num_processes))):
+            time.sleep(0.05)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
