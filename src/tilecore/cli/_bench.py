@@ -16,7 +16,7 @@ import numpy as np
 import tilecore as tc
 from tilecore import data
 
-from . import _bench_step
+from . import _bench_step, _bench_train
 from ._common import (
     add_threads_option,
     add_workload_option,
@@ -31,7 +31,7 @@ from ._memory import PeakProbe
 
 def add_parser(subparsers: Any) -> None:
     bench = subparsers.add_parser("bench", help="benchmarks")
-    kinds = bench.add_subparsers(dest="bench", required=True, metavar="{preprocess,step}")
+    kinds = bench.add_subparsers(dest="bench", required=True, metavar="{preprocess,step,train}")
     p = kinds.add_parser(
         "preprocess",
         help="time tc.preprocess on a workload",
@@ -59,6 +59,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--batch-size", type=int, default=None, help=argparse.SUPPRESS)
     p.set_defaults(run=run)
     _bench_step.add_parser(kinds)
+    _bench_train.add_parser(kinds)
 
 
 def _positive(parser_name: str, **values: int) -> None:

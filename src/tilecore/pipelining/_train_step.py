@@ -60,14 +60,17 @@ class TrainStep:
         each call's output is placed like its input); `jitted` when no array of
         `state` is on a mesh.
         """
-        shardings = mesh_shardings(state)
-        leaves, treedef = jax.tree.flatten(shardings, is_leaf=lambda x: x is None)
-        if all(s is None for s in leaves):
-            return self.jitted
-        key = (treedef, tuple(leaves))
-        if key not in self._pinned:
-            self._pinned[key] = self._jit(shardings)
-        return self._pinned[key]
+        # Called every step: the key is built from the leaves' shardings directly (cheaper
+        # than `mesh_shardings`, which runs only when a new placement is seen).
+        leaves, treedef = jax.tree.flatten(state)
+        key = (treedef, tuple(getattr(x, "sharding", None) for x in leaves))
+        fn = self._pinned.get(key)
+        if fn is None:
+            shardings = mesh_shardings(state)
+            unpinned = all(s is None for s in jax.tree.leaves(
+                shardings, is_leaf=lambda x: x is None))
+            fn = self._pinned[key] = self.jitted if unpinned else self._jit(shardings)
+        return fn
 
     @functools.cached_property
     def _pinned(self) -> dict[Any, Callable[..., tuple[TrainState, StepOutput]]]:

@@ -17,7 +17,9 @@ from ._checkpoint import save_checkpoint as save_checkpoint
 from ._config import TrainConfig as TrainConfig
 from ._loop import TrainResult as TrainResult
 from ._loop import click_features as click_features
+from ._loop import input_rate as input_rate
 from ._loop import train as train
+from ._loop import tuned_plan as tuned_plan
 from ._metrics import auc as auc
 from ._metrics import log_loss as log_loss
 from ._model import ModelConfig as ModelConfig
@@ -58,6 +60,7 @@ __all__ = [
     "click_features",
     "click_stages",
     "init_params",
+    "input_rate",
     "latest_step",
     "log_loss",
     "logits",
@@ -69,4 +72,5 @@ __all__ = [
     "restore_checkpoint",
     "save_checkpoint",
     "train",
+    "tuned_plan",
 ]

@@ -27,6 +27,11 @@ class TrainConfig:
         worker processes, which do not share the main process's GIL (0: in
         prefetch threads). Batches in the making: max(prefetch, input_processes).
         The source must be picklable (the built-in ones are).
+      staged_batches: train on this many batches prepared and put on the devices
+        before the loop, cycled (0: a fresh batch every step). The host then
+        prepares nothing during the loop, so examples/s is what the devices (and
+        the step's dispatch) sustain: compare with a normal run to tell whether
+        the input pipeline limits training (`tilecore bench train`).
       tune_batches: training batches the limits are tuned on (FDO) before training.
       tune_headroom: tuned limits grow by this fraction (later batches may need more:
         they are split into minibatches, or without `minibatching` the IDs over
@@ -58,6 +63,7 @@ class TrainConfig:
     eval_batches: int = 4
     prefetch: int = 2
     input_processes: int = 0
+    staged_batches: int = 0
     tune_batches: int = 4
     tune_headroom: float = 0.1
     minibatching: bool = True
@@ -79,7 +85,7 @@ class TrainConfig:
                                   or every < 1):
             raise ValueError(f"TrainConfig: checkpoint_every must be None or an integer >= 1, "
                              f"got {every!r}.")
-        for name in ("prefetch", "input_processes"):
+        for name in ("prefetch", "input_processes", "staged_batches"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"TrainConfig: {name} must be an integer >= 0, got {value!r}.")
@@ -89,3 +95,6 @@ class TrainConfig:
             raise ValueError(
                 f"TrainConfig: need dense_learning_rate > 0 and tune_headroom >= 0, got "
                 f"{self.dense_learning_rate!r} and {self.tune_headroom!r}.")
+        if self.staged_batches and self.input_processes:
+            raise ValueError("TrainConfig: staged_batches and input_processes exclude each other "
+                             "(staged batches are prepared once, before the loop).")

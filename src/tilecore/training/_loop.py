@@ -13,26 +13,26 @@ from typing import TextIO
 import jax
 import numpy as np
 import optax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
 
 from .. import ops
-from ..data import ClickBatch, ClickSource
-from ..fdo import tune_limits
+from ..data import ClickSource
+from ..fdo import TuneReport, tune_limits
 from ..pipelining import DenseState, StepInput, TrainState, TrainStep, train_state_sharding
-from ..preprocessing import IdDroppingWarning, PreprocessedBatch, PreprocessStats, preprocess
+from ..preprocessing import IdDroppingWarning
 from ..specs import FeatureSpec, TableSpec
 from ..stacking import StackingPlan, plan_stacking
 from ._buffers import minibatching_plan
 from ._checkpoint import Resumed, latest_step, restore_checkpoint, save_checkpoint
 from ._config import TrainConfig
+from ._input import Inputs, measure_input_rate
 from ._model import init_params
 from ._profile import annotate, maybe_trace
 from ._progress import Progress
-from ._run import Hooks, Prepared, evaluate_all, run_steps
-from ._step import DenseInputs, DeviceBatch, click_stages, make_eval_step
+from ._run import Hooks, evaluate_all, run_steps
+from ._step import click_stages, make_eval_step
 from ._summary import LoadTracker, TrainSummary
 from ._tables import init_variables, uniform_init
-from ._workers import ProcessBatches
 
 
 def click_features(source: ClickSource, config: TrainConfig) -> list[FeatureSpec]:
@@ -74,54 +74,23 @@ def _mesh(config: TrainConfig) -> Mesh | None:
                          axis_types=(jax.sharding.AxisType.Auto,))
 
 
-class _Runner:
-    """Per-run pieces shared by the loop's stages (plan, mesh, placement, preprocessing)."""
+def tuned_plan(source: ClickSource, config: TrainConfig) -> tuple[StackingPlan, TuneReport]:
+    """The click model's plan with limits tuned by FDO on `config.tune_batches` training
+    batches, prepared for training as `config` says (minibatching or dropping)."""
+    plan = plan_stacking(click_features(source, config), config.topology)
+    with annotate("fdo"):
+        tune_set = [source.train_batch(i).sparse for i in range(config.tune_batches)]
+        plan, report = tune_limits(plan, tune_set, headroom=config.tune_headroom,
+                                   num_threads=config.num_threads)
+    # Limits are tuned without minibatching (it would split the tune batches instead);
+    # dropping stays allowed as the last resort (a row alone over a limit cannot be split).
+    plan = plan.with_config(allow_id_dropping=True)
+    return (minibatching_plan(plan) if config.minibatching else plan), report
 
-    def __init__(self, source: ClickSource, config: TrainConfig, plan: StackingPlan,
-                 mesh: Mesh | None) -> None:
-        self.source, self.config, self.plan, self.mesh = source, config, plan, mesh
-        self.shardings = None if mesh is None else (
-            NamedSharding(mesh, PartitionSpec(ops.DEFAULT_AXIS)), NamedSharding(mesh, PartitionSpec()))
 
-    def to_device(self, batch: ClickBatch) -> tuple[DeviceBatch, PreprocessStats, int]:
-        """Preprocess and transfer; also the statistics and the number of minibatches."""
-        with annotate("preprocess"):
-            sparse, stats = preprocess(self.plan, batch.sparse, num_threads=self.config.num_threads)
-        return self.put(sparse, batch.dense, batch.labels), stats, sparse.num_minibatches
-
-    def put(self, sparse: PreprocessedBatch, dense: np.ndarray, labels: np.ndarray
-            ) -> DeviceBatch:
-        """A preprocessed batch on the devices (split by rows over the mesh, if any)."""
-        with annotate("transfer"):
-            host = DeviceBatch(sparse, DenseInputs(dense, labels))
-            if self.shardings is None:
-                return jax.device_put(host)
-            by_batch, replicated = self.shardings  # arrays split by their leading (batch) axis
-            placement = jax.tree.map(lambda x: by_batch if np.ndim(x) else replicated, host)
-            return jax.device_put(host, placement)
-
-    def train_batch(self, step: int) -> Prepared:
-        """Training batch `step` on the devices, its statistics and the seconds it took."""
-        t0 = time.perf_counter()
-        batch, stats, num_minibatches = self.to_device(self.source.train_batch(step))
-        return batch, stats, num_minibatches, time.perf_counter() - t0
-
-    def worker_batch(self, batches: ProcessBatches, step: int) -> Prepared:
-        """Training batch `step` from the input workers, on the devices.
-
-        The seconds are the worker's (generating and preprocessing) plus the transfer's.
-        """
-        host = batches.take(step)
-        t0 = time.perf_counter()
-        batch = self.put(host.sparse, host.dense, host.labels)
-        seconds = host.seconds + time.perf_counter() - t0
-        return batch, host.stats, host.sparse.num_minibatches, seconds
-
-    def place(self, state: TrainState) -> TrainState:
-        """`state` on the mesh (tables by rows, the rest replicated); as is without one."""
-        if self.mesh is None:
-            return state
-        return jax.device_put(state, train_state_sharding(state, self.mesh))
+def _place(state: TrainState, mesh: Mesh | None) -> TrainState:
+    """`state` on the mesh (tables by rows, the rest replicated); as is without one."""
+    return state if mesh is None else jax.device_put(state, train_state_sharding(state, mesh))
 
 
 def train(source: ClickSource, config: TrainConfig, *, progress: TextIO | None = None
@@ -147,29 +116,13 @@ def train(source: ClickSource, config: TrainConfig, *, progress: TextIO | None =
     t_start = time.perf_counter()
     mesh = _mesh(config)
     resume_from = _resume_step(config)
-    plan = plan_stacking(click_features(source, config), config.topology)
     # The warnings filter also silences the prefetch threads: they join before it ends.
     with warnings.catch_warnings(), contextlib.ExitStack() as cleanup:
         warnings.simplefilter("ignore", IdDroppingWarning)
-        with annotate("fdo"):
-            tune_set = [source.train_batch(i).sparse for i in range(config.tune_batches)]
-            plan, report = tune_limits(plan, tune_set, headroom=config.tune_headroom,
-                                       num_threads=config.num_threads)
-        # Limits are tuned without minibatching (it would split the tune batches instead);
-        # dropping stays allowed as the last resort (a row alone over a limit cannot be split).
-        plan = plan.with_config(allow_id_dropping=True)
-        if config.minibatching:
-            plan = minibatching_plan(plan)
-        runner = _Runner(source, config, plan, mesh)
-        batch_hook, prefetch = runner.train_batch, config.prefetch
-        if config.input_processes:  # started early: they import while the steps compile
-            batches = cleanup.enter_context(ProcessBatches(
-                source, plan, start=resume_from or 0, stop=config.steps,
-                processes=config.input_processes, depth=config.prefetch,
-                num_threads=config.num_threads))
-            # The workers prefetch; the main thread only transfers, when the loop asks.
-            batch_hook, prefetch = functools.partial(runner.worker_batch, batches), 0
-        eval_set = [(runner.to_device(b)[0], b.labels) for b in
+        plan, report = tuned_plan(source, config)
+        inputs = Inputs(source, config, plan, mesh)
+        feed = inputs.open(cleanup, start=resume_from or 0, stop=config.steps)
+        eval_set = [(inputs.to_device(b)[0], b.labels) for b in
                     (source.eval_batch(i) for i in range(config.eval_batches))]
         optimizer = optax.adam(config.dense_learning_rate)
         step = TrainStep(stages=click_stages(plan, optimizer, mesh=mesh),
@@ -180,13 +133,13 @@ def train(source: ClickSource, config: TrainConfig, *, progress: TextIO | None =
         # On the host: `step.init` puts the example's leaves (num_minibatches among them) in
         # several places of the state, which must not share one device buffer (donation).
         example = jax.tree.map(np.asarray, StepInput(eval_set[0][0].sparse, eval_set[0][0].dense))
-        state = runner.place(step.init(start.variables, start.dense, example))
+        state = _place(step.init(start.variables, start.dense, example), mesh)
         evaluate = make_eval_step(plan, mesh=mesh)
         directory = config.checkpoint_dir
         hooks = Hooks(
-            batch=batch_hook,
+            feed=feed,
             evaluate=lambda s: evaluate_all(evaluate, s, eval_set),
-            restart=lambda s: runner.place(step.init(s.variables, s.dense, example)),
+            restart=lambda s: _place(step.init(s.variables, s.dense, example), mesh),
             save=None if directory is None else functools.partial(save_checkpoint, directory, plan),
         )
         setup_s = time.perf_counter() - t_start
@@ -196,7 +149,7 @@ def train(source: ClickSource, config: TrainConfig, *, progress: TextIO | None =
             state, stats = run_steps(
                 step, state, hooks, plan=plan, start=start.step, steps=config.steps,
                 eval_every=config.eval_every, checkpoint_every=config.checkpoint_every,
-                prefetch=prefetch, bar=bar, load=load)
+                bar=bar, load=load)
     run_steps_count = config.steps - start.step
     timed = stats.timed_seconds
     summary = TrainSummary(
@@ -221,8 +174,24 @@ def train(source: ClickSource, config: TrainConfig, *, progress: TextIO | None =
         input_wait_fraction=(stats.input_wait_seconds / timed if timed > 0 else float("nan")),
         preprocess_seconds_per_batch=stats.preprocess_seconds / max(run_steps_count, 1),
         step_seconds=(timed / (run_steps_count - 1) if run_steps_count > 1 else float("nan")),
+        input=(f"{config.staged_batches} staged" if config.staged_batches else
+               f"{config.input_processes} processes" if config.input_processes else "threads"),
     )
     return TrainResult(summary=summary, state=state, plan=plan)
+
+
+def input_rate(source: ClickSource, config: TrainConfig, *, batches: int = 100) -> float:
+    """Examples/s the host alone delivers with `config`'s input pipeline (threads or
+    worker processes): `batches` training batches generated, preprocessed and put on
+    the devices, no step run. Above a run's `examples_per_s` with staged batches
+    (`TrainConfig.staged_batches`), the host can keep the devices busy."""
+    if batches < 1:
+        raise ValueError(f"input_rate: batches must be >= 1, got {batches}.")
+    mesh = _mesh(config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", IdDroppingWarning)
+        plan, _ = tuned_plan(source, config)
+        return measure_input_rate(Inputs(source, config, plan, mesh), batches=batches)
 
 
 def _resume_step(config: TrainConfig) -> int | None:

@@ -21,16 +21,14 @@ from typing import Any
 import numpy as np
 
 from ..pipelining import StepInput, TrainState, TrainStep, run_loop
-from ..preprocessing import PreprocessStats
 from ..stacking import StackingPlan
+from ._input import Feed, Prepared
 from ._metrics import auc, log_loss
 from ._prefetch import Prefetcher
 from ._profile import annotate
 from ._progress import Progress
 from ._step import DeviceBatch, StepMetrics
 from ._summary import EvalPoint, LoadTracker
-
-Prepared = tuple[DeviceBatch, PreprocessStats, int, float]  # batch, stats, minibatches, seconds
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -42,14 +40,14 @@ class Hooks:
     """What the loop calls back into: batches, evaluation, restarts and saves.
 
     Attributes:
-      batch: global step → the prepared batch (runs in the prefetch workers).
+      feed: global step → the prepared batch (run ahead by the prefetch threads).
       evaluate: state → held-out (loss, AUC).
       restart: a drained state → the state that starts the next segment.
       save: (state, step=global step) → the checkpoint's path; called at every
         checkpoint step (None: no checkpoints).
     """
 
-    batch: Callable[[int], Prepared]
+    feed: Feed
     evaluate: Callable[[TrainState], tuple[float, float]]
     restart: Callable[[TrainState], TrainState]
     save: Callable[..., Path] | None
@@ -92,7 +90,7 @@ def check_finite(step: int, metrics: StepMetrics, plan: StackingPlan) -> float:
 
 def run_steps(step: TrainStep, state: TrainState, hooks: Hooks, *, plan: StackingPlan,
               start: int, steps: int, eval_every: int, checkpoint_every: int | None,
-              prefetch: int, bar: Progress, load: LoadTracker) -> tuple[TrainState, LoopStats]:
+              bar: Progress, load: LoadTracker) -> tuple[TrainState, LoopStats]:
     """Train global steps `start … steps − 1` from `state`; returns the final state."""
     stats = LoopStats()
     pending: tuple[int, StepMetrics] | None = None
@@ -118,13 +116,15 @@ def run_steps(step: TrainStep, state: TrainState, hooks: Hooks, *, plan: Stackin
             stats.preprocess_seconds += seconds
             yield StepInput(batch.sparse, batch.dense)
 
-    with Prefetcher(lambda i: hooks.batch(start + i), steps - start, depth=prefetch) as batches:
-        feed = inputs(batches)
+    feed = hooks.feed
+    with Prefetcher(lambda i: feed.batch(start + i), steps - start, depth=feed.depth,
+                    workers=feed.threads or None) as batches:
+        step_inputs = inputs(batches)
         begin = start
         for end in segment_ends(start, steps, checkpoint_every):
             if begin != start:
                 state = hooks.restart(state)
-            run = run_loop(step, state, itertools.islice(feed, end - begin))
+            run = run_loop(step, state, itertools.islice(step_inputs, end - begin))
             for result in run:
                 i = begin + result.step
                 metrics = StepMetrics(*result.outputs[:1], finite=result.outputs[1])

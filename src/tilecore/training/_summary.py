@@ -62,6 +62,9 @@ class TrainSummary:
     state, `preprocess_seconds_per_batch` what preparing one batch took a
     prefetch worker, and `input_wait_fraction` the share of the steady-state
     loop spent waiting for the next prepared batch (near 0: the host keeps up).
+    `input` says how batches were prepared: prefetch "threads", "N processes"
+    (`input_processes`) or "N staged" (`staged_batches`: cycled, nothing prepared
+    during the loop).
 
     Minibatching: `num_minibatches` is the most minibatches any step was split
     into (1: none was), `minibatched_steps` how many steps were split and
@@ -103,6 +106,7 @@ class TrainSummary:
     input_wait_fraction: float = float("nan")
     preprocess_seconds_per_batch: float = float("nan")
     step_seconds: float = float("nan")
+    input: str = "threads"  # where batches came from: "threads", "N processes", "N staged"
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict; the headline keys come first."""
@@ -126,8 +130,8 @@ class TrainSummary:
             f"  held-out      loss {self.loss:.4f}  AUC {self.auc:.4f}"
             + (f"  (after step {first.step}: loss {first.loss:.4f}, AUC {first.auc:.4f})"
                if first is not None and len(self.evals) > 1 else ""),
-            f"  host          waits for batches {100 * self.input_wait_fraction:.1f}% of the "
-            f"loop; {1e3 * self.preprocess_seconds_per_batch:.1f} ms to prepare a batch vs "
+            f"  host          input: {self.input}; waits for batches "
+            f"{100 * self.input_wait_fraction:.1f}% of the loop; {1e3 * self.preprocess_seconds_per_batch:.1f} ms to prepare a batch vs "
             f"{1e3 * self.step_seconds:.1f} ms per step",
             f"  IDs dropped   {self.dropped_ids}   FDO rounds {self.fdo_rounds} (drops "
             f"{list(self.fdo_drops_per_round)})",

@@ -1,0 +1,130 @@
+"""`tilecore bench train`: is the host or the device the training job's bottleneck?
+
+Three measurements of the `tilecore train` click model, interleaved over
+--repeats rounds (medians reported, as this machine is shared and noisy):
+- input: examples/s the input pipeline alone delivers (generate, preprocess, put
+  on the device; no step), with the run's threads or worker processes;
+- staged: examples/s of training on --staged batches put on the device before
+  the loop and cycled, so the host prepares nothing: the device's ceiling;
+- train: examples/s of training as `tilecore train` does it.
+train / staged near 1 means the host keeps the device busy; input / staged says
+how much headroom the input pipeline has.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import io
+import os
+import platform
+import statistics
+from pathlib import Path
+from typing import Any
+
+import tilecore as tc
+
+from ._common import add_threads_option, write_json
+
+HOST_BOUND_BELOW = 0.9
+"""train / staged under this: the host, not the device, limits training."""
+
+
+def add_parser(kinds: Any) -> None:
+    p = kinds.add_parser(
+        "train",
+        help="tell whether the host's input pipeline or the device limits `tilecore train`",
+        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--batch-size", type=int, default=1024, help="examples per step (default 1024)")
+    p.add_argument("--steps", type=int, default=300,
+                   help="steps (and input-only batches) per measurement (default 300)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="rounds of the three measurements (default 3)")
+    p.add_argument("--staged", type=int, default=8, metavar="N",
+                   help="batches cycled by the staged run (default 8)")
+    p.add_argument("--prefetch", type=int, default=2, help="batches prepared ahead (default 2)")
+    p.add_argument("--input-processes", type=int, default=0, metavar="N",
+                   help="prepare batches in N worker processes (default 0: prefetch threads)")
+    add_threads_option(p)
+    p.add_argument("--no-pipelining", dest="pipelining", action="store_false",
+                   help="plain steps instead of pipelined ones")
+    p.add_argument("--json", type=Path, default=None, metavar="PATH", help="write results here")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    for name in ("batch_size", "steps", "repeats", "staged"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"bench train: --{name.replace('_', '-')} must be >= 1, got "
+                             f"{getattr(args, name)}.")
+    if args.steps < 3:
+        raise ValueError(f"bench train: --steps must be >= 3 (the first compiles), got "
+                         f"{args.steps}.")
+    for name in ("prefetch", "input_processes"):
+        if getattr(args, name) < 0:
+            raise ValueError(f"bench train: --{name.replace('_', '-')} must be >= 0, got "
+                             f"{getattr(args, name)}.")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"bench train: --threads must be >= 1, got {args.threads}.")
+    import jax
+
+    from tilecore import data, training
+
+    source = data.clicks(batch_size=args.batch_size)
+    config = training.TrainConfig(
+        steps=args.steps, eval_every=args.steps, eval_batches=1, prefetch=args.prefetch,
+        input_processes=args.input_processes, num_threads=args.threads,
+        pipelining=args.pipelining)
+    staged = dataclasses.replace(config, staged_batches=args.staged, input_processes=0)
+    runs: dict[str, list[float]] = {"input": [], "staged": [], "train": []}
+    waits = []
+    for round_ in range(args.repeats):
+        runs["input"].append(training.input_rate(source, config, batches=args.steps))
+        runs["staged"].append(_train(source, staged).examples_per_s)
+        summary = _train(source, config)
+        runs["train"].append(summary.examples_per_s)
+        waits.append(summary.input_wait_fraction)
+        print(f"round {round_ + 1}/{args.repeats}: " + ", ".join(
+            f"{k} {v[-1]:,.0f}" for k, v in runs.items()) + " examples/s", flush=True)
+    median = {k: statistics.median(v) for k, v in runs.items()}
+    result = {
+        "train_examples_per_s": median["train"],
+        "staged_examples_per_s": median["staged"],
+        "input_examples_per_s": median["input"],
+        "train_over_staged": median["train"] / median["staged"],
+        "input_over_staged": median["input"] / median["staged"],
+        "host_bound": median["train"] / median["staged"] < HOST_BOUND_BELOW,
+        "input_wait_fraction": statistics.median(waits),
+        "runs": runs,
+        "batch_size": args.batch_size,
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "staged_batches": args.staged,
+        "prefetch": args.prefetch,
+        "input_processes": args.input_processes,
+        "threads": args.threads,
+        "pipelining": args.pipelining,
+        "backend": jax.default_backend(),
+        "device": str(jax.devices()[0].device_kind),
+        "tilecore_version": tc.__version__,
+        "jax_version": jax.__version__,
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+    }
+    verdict = ("the host limits training" if result["host_bound"] else
+               "the host keeps the device busy")
+    print(f"train {median['train']:,.0f}, staged (device ceiling) {median['staged']:,.0f}, "
+          f"input only {median['input']:,.0f} examples/s (medians of {args.repeats}): train / "
+          f"staged {result['train_over_staged']:.2f}, input / staged "
+          f"{result['input_over_staged']:.2f}: {verdict}")
+    if args.json is not None:
+        write_json(args.json, result)
+    return 0
+
+
+def _train(source: Any, config: Any) -> Any:
+    from tilecore import training
+
+    return training.train(source, config, progress=io.StringIO()).summary
