@@ -95,9 +95,9 @@ def touched_rows(plan: tc.StackingPlan, data: list[Any]) -> dict[str, np.ndarray
     return seen
 
 
-def tables_of(plan: tc.StackingPlan, embeddings: Any) -> dict[str, np.ndarray]:
-    """Per-table `[vocab, dim]` numpy values of the model's `"embeddings"` collection."""
-    stacks = embeddings["embed"]["tables"]  # the LinenEmbed named "embed"
+def tables_of(plan: tc.StackingPlan, variables: Any) -> dict[str, np.ndarray]:
+    """Per-table `[vocab, dim]` numpy values of the model's embedding tables."""
+    stacks = layers.embedding_variables(variables, "embed")  # the LinenEmbed named "embed"
     return ops.unshard(plan, {name: v.table for name, v in stacks.items()})
 
 
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     variables = model.init(jax.random.key(0), *batches[0][:2])
     print("collections:", sorted(variables), "| dense params:",
           sum(x.size for x in jax.tree.leaves(variables["params"])))
-    initial = tables_of(plan, variables["embeddings"])
+    initial = tables_of(plan, variables)
     tx = optax.adam(3e-3)
     opt_state = tx.init(variables["params"])
 
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
         epoch_losses.append(float(np.mean(losses)))
         print(f"epoch {epoch}: mean loss {epoch_losses[-1]:.5f}")
 
-    final = tables_of(plan, variables["embeddings"])
+    final = tables_of(plan, variables)
     for name, seen in touched_rows(plan, data).items():
         if not np.array_equal(final[name][~seen], initial[name][~seen]):
             raise SystemExit(f"flax_linen: table {name!r} changed rows no batch touched.")

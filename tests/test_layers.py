@@ -213,7 +213,7 @@ def run_linen(devices: int, steps: int = STEPS) -> dict[str, np.ndarray]:
     opt_state = on_mesh(tx.init(variables["params"]), mesh)
     step_fn = linen_train_step(model, tx)
     out = {"rows_sharded": rows_sharded(variables["embeddings"], mesh)}
-    first = jax.tree.map(jnp.copy, variables["embeddings"]["embed"]["tables"])  # step donates
+    first = jax.tree.map(jnp.copy, layers.embedding_variables(variables, "embed"))  # step donates
     acts = jax.jit(layers.LinenEmbed(plan, mesh=mesh).apply)({"embeddings": {"tables": first}},
                                                              batches[0])
     losses, compiles = [], []
@@ -226,7 +226,7 @@ def run_linen(devices: int, steps: int = STEPS) -> dict[str, np.ndarray]:
         losses.append(float(loss))
         if step == 0:
             out.update(check_step(plan, examples[0][0], batches[0], first,
-                                  variables["embeddings"]["embed"]["tables"], acts, act_grads,
+                                  layers.embedding_variables(variables), acts, act_grads,
                                   mesh))
     out["losses"] = np.asarray(losses)
     out["compiles"] = np.asarray(compiles)
@@ -362,3 +362,36 @@ def test_errors_name_the_problem() -> None:
         optimizer.update(model, grads_params, batch)
     with pytest.raises(ValueError, match="pass the batch"):
         optimizer.update(model, grads_params)
+
+
+class _TwoEmbeds(nn.Module):
+    plan: tc.StackingPlan
+
+    @nn.compact
+    def __call__(self, batch: tc.PreprocessedBatch) -> jax.Array:
+        a = layers.LinenEmbed(self.plan, name="left")(batch)
+        b = layers.LinenEmbed(self.plan, name="right")(batch)
+        return dense_input(a) + dense_input(b)
+
+
+def test_embedding_variables_finds_each_linen_layer() -> None:
+    plan = make_plan()
+    ids, _ = data(plan, 1)[0]
+    batch, _ = layers.LinenEmbed(plan).preprocess(ids)
+    root = layers.LinenEmbed(plan).init(jax.random.key(0), batch)
+    assert layers.embedding_variables(root) is not None  # the layer at the root
+    assert set(layers.embedding_variables(root)) == set(plan.stacks)
+    nested = LinenDLRM(plan).init(jax.random.key(1), batch)
+    found = layers.embedding_variables(nested)
+    assert found == layers.embedding_variables(nested, "embed")
+    assert all(v is nested["embeddings"]["embed"]["tables"][s] for s, v in found.items())
+    two = _TwoEmbeds(plan).init(jax.random.key(2), batch)
+    left, right = (layers.embedding_variables(two, n) for n in ("left", "right"))
+    assert not np.array_equal(np.asarray(left[next(iter(plan.stacks))].table),
+                              np.asarray(right[next(iter(plan.stacks))].table))
+    with pytest.raises(KeyError, match=r"2 LinenEmbed layers \(\['left', 'right'\]\); name one"):
+        layers.embedding_variables(two)
+    with pytest.raises(KeyError, match=r"no LinenEmbed at 'middle'; .* \['left', 'right'\]"):
+        layers.embedding_variables(two, "middle")
+    with pytest.raises(KeyError, match=r"no 'embeddings' collection .* \['params'\]"):
+        layers.embedding_variables({"params": {}})

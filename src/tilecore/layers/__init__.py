@@ -8,6 +8,7 @@ and the tables with their own optimizers; see `tilecore.layers._linen` and
 `tilecore.layers._nnx` for the step, written out.
 """
 
+from ._access import embedding_variables as embedding_variables
 from ._linen import ACTIVATION_GRADS as ACTIVATION_GRADS
 from ._linen import EMBEDDINGS as EMBEDDINGS
 from ._linen import PROBES as PROBES
@@ -29,5 +30,6 @@ __all__ = [
     "NnxEmbed",
     "Probe",
     "Tables",
+    "embedding_variables",
     "update_embeddings",
 ]

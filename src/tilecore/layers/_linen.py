@@ -51,7 +51,9 @@ PROBES = "probes"
 """Collection of the zero probes whose gradients are the activation gradients."""
 ACTIVATION_GRADS = "activation_grads"
 """Collection `update_embeddings` passes the activation gradients (and step) in."""
-_TABLES, _ACTIVATIONS, _STEP = "tables", "activations", "step"
+TABLES = "tables"
+"""Name of a layer's `{stack: EmbeddingVariables}` in the `"embeddings"` collection."""
+_ACTIVATIONS, _STEP = "activations", "step"
 
 
 class LinenEmbed(nn.Module):
@@ -84,14 +86,14 @@ class LinenEmbed(nn.Module):
         return f"LinenEmbed {path!r}"
 
     def setup(self) -> None:
-        if not (self.is_initializing() or self.has_variable(EMBEDDINGS, _TABLES)):
+        if not (self.is_initializing() or self.has_variable(EMBEDDINGS, TABLES)):
             raise ValueError(
                 f"{self._where()}: no embedding tables; the variables passed to apply lack the "
                 f"{EMBEDDINGS!r} collection (it has {sorted(self.variables)}). Initialise with "
                 "model.init and pass every collection it returned, e.g. model.apply("
                 "{**variables, 'params': params}, batch)."
             )
-        self.tables = self.variable(EMBEDDINGS, _TABLES, lambda: init_tables(
+        self.tables = self.variable(EMBEDDINGS, TABLES, lambda: init_tables(
             self.plan, self.make_rng("params"), mesh=self.mesh, axis=self.axis,
             on_host=self.init_on_host))
         check_variables(self.plan, self.tables.value, self._where())
