@@ -70,6 +70,8 @@ def test_input_rate_prepares_each_batch_once(monkeypatch: pytest.MonkeyPatch) ->
     assert steps == [0, *range(7)]  # the tune batch, then 1 untimed + 6 timed
     with pytest.raises(ValueError, match="batches must be >= 1, got 0"):
         training.input_rate(_source(), _config(), batches=0)
+    with pytest.raises(ValueError, match="stages them"):
+        training.input_rate(_source(), _config(staged_batches=2), batches=2)
 
 
 def test_input_rate_with_worker_processes() -> None:

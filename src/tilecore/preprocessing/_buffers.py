@@ -9,6 +9,7 @@ can never alias memory a caller still holds.
 
 from __future__ import annotations
 
+import math
 import threading
 import weakref
 from collections.abc import Sequence
@@ -59,16 +60,16 @@ class _Block(np.ndarray):
 
 def allocate(specs: Sequence[tuple[tuple[int, ...], type[np.generic]]]) -> list[np.ndarray]:
     """Uninitialised arrays of the given (shape, dtype)s, sharing one recycled block."""
-    offsets, total = [], 0
+    layout, total = [], 0
     for shape, dtype in specs:
-        offsets.append(total)
-        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        dt = np.dtype(dtype)
+        nbytes = math.prod(shape) * dt.itemsize
+        layout.append((total, nbytes, shape, dt))
         total += -(-nbytes // _ALIGN) * _ALIGN
     block = _acquire(total)
     whole = block.view(_Block)
     weakref.finalize(whole, _release, block)
     return [
-        whole[offset:offset + int(np.prod(shape)) * np.dtype(dtype).itemsize]
-        .view(dtype).reshape(shape).view(np.ndarray)
-        for offset, (shape, dtype) in zip(offsets, specs, strict=True)
+        whole[offset:offset + nbytes].view(dt).reshape(shape).view(np.ndarray)
+        for offset, nbytes, shape, dt in layout
     ]

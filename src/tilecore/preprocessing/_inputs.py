@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..specs import FeatureSpec
+from ._kernels import row_length_range
 from ._types import Ragged
 
 _ID_DTYPES = (np.int32, np.int64)
@@ -82,12 +83,10 @@ def _check_splits(feature: str, splits: np.ndarray, num_values: int) -> tuple[np
             f"Feature {feature!r}: row_splits must start at 0 and end at len(values)="
             f"{num_values}, got {splits[0]} … {splits[-1]}."
         )
-    lengths = np.diff(splits)
-    if not lengths.size:
+    if len(splits) < 2:
         return splits, -1
-    shortest, longest = int(lengths.min()), int(lengths.max())
+    shortest, longest, row = row_length_range(splits)
     if shortest < 0:
-        row = int(np.argmin(lengths))
         raise ValueError(
             f"Feature {feature!r}: row_splits decrease at row {row} "
             f"({splits[row]} > {splits[row + 1]})."

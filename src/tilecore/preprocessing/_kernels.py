@@ -64,6 +64,32 @@ def count(values, splits, r0, r1, vocab, shift, col_offset, log2n, rowbits, digi
 
 
 @_jit
+def prefix_sums(counts, cursor):
+    """`cursor[d]` = the sum of `counts[:d]` (where digit d's entries start); returns the total."""
+    total = 0
+    for d in range(counts.shape[0]):
+        cursor[d] = total
+        total += counts[d]
+    return total
+
+
+@_jit
+def row_length_range(splits):
+    """(shortest, longest, first row of the shortest) over the rows `splits` delimit
+    (at least one row)."""
+    shortest = longest = splits[1] - splits[0]
+    at = 0
+    for r in range(1, splits.shape[0] - 1):
+        length = splits[r + 1] - splits[r]
+        if length < shortest:
+            shortest = length
+            at = r
+        elif length > longest:
+            longest = length
+    return shortest, longest, at
+
+
+@_jit
 def stage(values, splits, weights, has_weights, width, r0, r1, sample_base, shift, col_offset,
           log2n, rowbits, digit_bits, combiner, cursor, entries, gains, sample_gains):
     """Transform rows [r0, r1) and scatter them by the lowest key digit.

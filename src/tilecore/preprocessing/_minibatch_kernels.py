@@ -27,6 +27,47 @@ SPLIT_BITS = NUM_BUCKETS - 1
 
 
 @_jit
+def compact(eids, sids, gains, row_pointers, starts, ends, block):
+    """Move one device's single-minibatch packings together.
+
+    SparseCore `sc`'s packing, `ends[sc]` entries at `starts[sc]` with row pointers
+    relative to its start in `row_pointers[sc·block:(sc+1)·block]`, moves to the
+    8-aligned end of the previous one's; row pointers become absolute, gaps and
+    the tail get filler and blocks past the last SparseCore repeat its end.
+    """
+    nan = np.float32(np.nan)
+    base = 0
+    for sc in range(starts.shape[0]):
+        src = starts[sc]
+        end = ends[sc]
+        if src > base:
+            for j in range(end):
+                eids[base + j] = eids[src + j]
+                sids[base + j] = sids[src + j]
+                gains[base + j] = gains[src + j]
+        elif src < base:
+            for j in range(end - 1, -1, -1):
+                eids[base + j] = eids[src + j]
+                sids[base + j] = sids[src + j]
+                gains[base + j] = gains[src + j]
+        if base:
+            for j in range(sc * block, (sc + 1) * block):
+                row_pointers[j] += base
+        aligned = (base + end + 7) & ~7
+        for j in range(base + end, min(aligned, eids.shape[0])):
+            eids[j] = FILLER_ID
+            sids[j] = FILLER_ID
+            gains[j] = nan
+        base = aligned
+    for j in range(base, eids.shape[0]):
+        eids[j] = FILLER_ID
+        sids[j] = FILLER_ID
+        gains[j] = nan
+    for j in range(starts.shape[0] * block, row_pointers.shape[0]):
+        row_pointers[j] = base
+
+
+@_jit
 def merge(entries, gains, has_weights, sample_gains, combiner, rowbits, out_entries, out_gains,
           out_raw, ids_out, unique_out):
     """Merge duplicate (sample, row) entries, summing gains; count per partition.

@@ -34,6 +34,7 @@ from ._scratch import scratch
 from ._types import PreprocessStats, StackBuffers
 
 _BUCKET_STATE = np.array(bucket_state(), np.uint64)
+_NONE = np.zeros(0, np.uint64)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -113,11 +114,13 @@ class _Segments:
 Map = Callable[[Callable[[Any], Any], Sequence[Any]], list[Any]]
 
 
-def is_required(stacks: Sequence[StackPacking]) -> bool:
-    """Whether some partition of some stack exceeds its limits on this process."""
+def is_required(stacks: Sequence[StackPacking], stats: PreprocessStats) -> bool:
+    """Whether some partition of some stack exceeds its limits on this process
+    (`stats`: the batch's per-partition maxima, counted in pass 1)."""
     return any(
-        int(m.ids.max(initial=0)) > s.max_ids or int(m.unique.max(initial=0)) > s.max_unique
-        for s in stacks for m in s.sorted
+        int(stats.max_ids_per_partition[s.name].max(initial=0)) > s.max_ids
+        or int(stats.max_unique_ids_per_partition[s.name].max(initial=0)) > s.max_unique
+        for s in stacks
     )
 
 
@@ -131,7 +134,7 @@ def pack_minibatches(
     not fit the buffer per stack). Raises LimitExceededError when one bucket alone
     exceeds a limit and dropping is off.
     """
-    required = agreement.all_reduce_or(batch_number, "required", int(is_required(stacks)))
+    required = agreement.all_reduce_or(batch_number, "required", int(is_required(stacks, stats)))
     tasks = [(stack, sc) for stack in stacks for sc in range(len(stack.sorted))]
     none = {s.name: 0 for s in stacks}
     if not required and all(m.fits_slot and m.merged is None for s in stacks for m in s.sorted):
@@ -195,30 +198,19 @@ def _compact(stack: StackPacking, device: int, sc_per_device: int) -> None:
     minibatch starts at the 8-aligned end of the previous one's (where pass 1
     already put it when the previous one had finished first), then fill the gaps."""
     b = stack.buffers
-    block = b.row_pointers.shape[1] // (NUM_BUCKETS * sc_per_device)
-    eids, sids, gains = b.embedding_ids[device], b.sample_ids[device], b.gains[device]
-    base = 0
-    for sc in range(sc_per_device):
-        packing = stack.sorted[device * sc_per_device + sc]
-        src, end = packing.start, packing.end
-        if src != base:  # packed before the previous SparseCore's end was known
-            for a in (eids, sids, gains):
-                a[base:base + end] = a[src:src + end]
-        if base:  # pass 1 wrote them relative to its start
-            b.row_pointers[device, sc * block:(sc + 1) * block] += base
-        aligned = (base + end + 7) & ~7
-        eids[base + end:aligned] = FILLER_ID
-        sids[base + end:aligned] = FILLER_ID
-        gains[base + end:aligned] = np.nan
-        base = aligned
-    b.embedding_ids[device, base:] = FILLER_ID
-    b.sample_ids[device, base:] = FILLER_ID
-    b.gains[device, base:] = np.nan
-    b.row_pointers[device, sc_per_device * block:] = base
+    packings = stack.sorted[device * sc_per_device:(device + 1) * sc_per_device]
+    mk.compact(b.embedding_ids[device], b.sample_ids[device], b.gains[device],
+               b.row_pointers[device], np.array([p.start for p in packings], np.int64),
+               np.array([p.end for p in packings], np.int64),
+               b.row_pointers.shape[1] // (NUM_BUCKETS * sc_per_device))
 
 
-def keep_sorted(entries: Sorted, *, exceeded: bool) -> Sorted:
-    """Pass 1's `entries` in a form that outlives its task, for pass 2.
+def keep_sorted(
+    *, entries: np.ndarray, gains: np.ndarray, weighted: bool, sample_gains: np.ndarray,
+    combiner: int, rowbits: int, ids: np.ndarray, unique: np.ndarray, start: int, end: int,
+    fits_slot: bool, exceeded: bool,
+) -> Sorted:
+    """Pass 1's sorted entries (the `Sorted` fields) in a form that outlives its task.
 
     The sorted arrays are per-thread scratch (cache-warm), which the thread's next
     task overwrites. Past a limit (`exceeded`) they are merged into fresh arrays
@@ -226,22 +218,24 @@ def keep_sorted(entries: Sorted, *, exceeded: bool) -> Sorted:
     the packing holds every merged entry and nothing is kept: the usual case, no
     split, costs what packing without minibatching does.
     """
-    none = np.zeros(0, np.uint64)
+    if fits_slot and not exceeded:
+        return Sorted(entries=_NONE, gains=_NONE, weighted=weighted, sample_gains=_NONE,
+                      combiner=combiner, rowbits=rowbits, ids=ids, unique=unique, start=start,
+                      end=end, fits_slot=True, in_slot=True)
     if exceeded:
-        entries.ids.fill(0)
-        entries.unique.fill(0)
-        merged = _merge(entries, entries.ids, entries.unique)
-        return dataclasses.replace(entries, entries=none, gains=none, sample_gains=none,
-                                   merged=merged, fits_slot=False)
-    if not entries.fits_slot:
-        arrays = (entries.entries, entries.gains, entries.sample_gains)
-        copies = allocate([(a.shape, a.dtype.type) for a in arrays])
-        for a, copy in zip(arrays, copies, strict=True):
+        ids.fill(0)
+        unique.fill(0)
+        merged = _merge(entries, gains, weighted, sample_gains, combiner, rowbits, ids, unique)
+        entries = gains = sample_gains = _NONE
+    else:
+        merged = None
+        arrays = (entries, gains, sample_gains)
+        entries, gains, sample_gains = allocate([(a.shape, a.dtype.type) for a in arrays])
+        for a, copy in zip(arrays, (entries, gains, sample_gains), strict=True):
             np.copyto(copy, a)
-        return dataclasses.replace(entries, entries=copies[0], gains=copies[1],
-                                   sample_gains=copies[2])
-    return dataclasses.replace(entries, entries=none, gains=none, sample_gains=none,
-                               in_slot=True)
+    return Sorted(entries=entries, gains=gains, weighted=weighted, sample_gains=sample_gains,
+                  combiner=combiner, rowbits=rowbits, ids=ids, unique=unique, start=start,
+                  end=end, fits_slot=fits_slot and not exceeded, merged=merged)
 
 
 def _merged(stack: StackPacking, index: int, sc_per_device: int) -> Merged:
@@ -257,7 +251,9 @@ def _merged(stack: StackPacking, index: int, sc_per_device: int) -> Merged:
         return entries.merged
     if not entries.in_slot:
         n = len(entries.ids)
-        return _merge(entries, np.zeros(n, np.int64), np.zeros(n, np.int64))
+        return _merge(entries.entries, entries.gains, entries.weighted, entries.sample_gains,
+                      entries.combiner, entries.rowbits, np.zeros(n, np.int64),
+                      np.zeros(n, np.int64))
     device, sc = divmod(index, sc_per_device)
     b = stack.buffers
     block = b.row_pointers.shape[1] // (NUM_BUCKETS * sc_per_device)
@@ -273,13 +269,14 @@ def _merged(stack: StackPacking, index: int, sc_per_device: int) -> Merged:
     return Merged(out_entries, out_gains, out_raw)
 
 
-def _merge(entries: Sorted, ids: np.ndarray, unique: np.ndarray) -> Merged:
-    """Merge duplicate (sample, row) entries, counting them into `ids`/`unique`."""
-    size = len(entries.entries)
+def _merge(entries: np.ndarray, gains: np.ndarray, weighted: bool, sample_gains: np.ndarray,
+           combiner: int, rowbits: int, ids: np.ndarray, unique: np.ndarray) -> Merged:
+    """Merge duplicate (sample, row) sorted entries, counting them into `ids`/`unique`."""
+    size = len(entries)
     out_entries, out_gains, out_raw = allocate(
         [((size,), np.uint64), ((size,), np.float32), ((size,), np.int32)])
-    m = mk.merge(entries.entries, entries.gains, entries.weighted, entries.sample_gains,
-                 entries.combiner, entries.rowbits, out_entries, out_gains, out_raw, ids, unique)
+    m = mk.merge(entries, gains, weighted, sample_gains, combiner, rowbits, out_entries,
+                 out_gains, out_raw, ids, unique)
     return Merged(out_entries[:m], out_gains[:m], out_raw[:m])
 
 

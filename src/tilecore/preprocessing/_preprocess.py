@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import warnings
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -11,15 +10,16 @@ from typing import Any
 
 import numpy as np
 
-from ..specs import FeatureSpec
-from ..stacking import StackingPlan, StackSpec
+from ..specs import FeatureSpec, Topology
+from ..stacking import StackingPlan
 from . import _kernels as k
 from ._agreement import Agreement, LocalAgreement
 from ._buffers import allocate
 from ._errors import IdDroppingWarning
 from ._highway import NUM_BUCKETS
 from ._inputs import Csr, check_feature_names, to_csr
-from ._limits import check_limits, coo_buffer_size_per_device, row_pointers_size_per_device
+from ._layout import PlanLayout, StackLayout, plan_layout
+from ._limits import check_limits, coo_buffer_size_per_device
 from ._minibatching import Sorted, StackPacking, keep_sorted, pack_minibatches
 from ._scratch import scratch
 from ._threads import pool, resolve_num_threads
@@ -29,36 +29,24 @@ FeatureInput = Ragged | np.ndarray | Any
 """A `Ragged`, a dense 2-D integer array, an object array of 1-D arrays, or a
 scipy.sparse matrix of shape (samples, vocab) whose data are the weights."""
 
-_COMBINER_CODES = {"sum": k.SUM, "mean": k.MEAN, "sqrtn": k.SQRTN}
-_RADIX_BITS = 12
 _NO_WEIGHTS = np.zeros(0, np.float32)
 _BAD_ID = -1
 
 
 @dataclasses.dataclass(frozen=True)
-class _FeaturePart:
-    feature: FeatureSpec
-    csr: Csr
-    rows_per_sc: int
-    sample_base: int
-    shift: int
-    col_offset: int
-
-
-@dataclasses.dataclass(frozen=True)
 class _StackJob:
-    stack: StackSpec
-    parts: tuple[_FeaturePart, ...]
-    combiner: int
-    log2n: int
-    rowbits: int
-    digit_bits: int
-    passes: int
-    slot: int
-    samples_per_sc: int
-    sc_per_device: int
+    """One stack's share of this batch: the plan's layout of it, this batch's inputs,
+    and the arrays its tasks (one per local SparseCore) write."""
+
+    layout: StackLayout
+    csrs: tuple[Csr, ...]
+    """The inputs of `layout.features`, in that order."""
+    weighted: bool
     minibatching: bool
     buffers: StackBuffers
+    counts: np.ndarray
+    """[2, local devices, S, N] int64: the IDs and distinct IDs each SparseCore sends to
+    each partition (before dropping); the task of SparseCore (d, s) fills [:, d, s]."""
     packed_ends: np.ndarray
     """[local devices, S] with minibatching: the aligned end of each SparseCore's
     pass-1 packing once it is known to sit where `_compact` puts it, else -1."""
@@ -66,108 +54,63 @@ class _StackJob:
 
 @dataclasses.dataclass(frozen=True)
 class _TaskResult:
-    error: tuple[int, _FeaturePart, int] | None
-    ids: np.ndarray
-    unique: np.ndarray
+    error: tuple[int, FeatureSpec, Csr, int] | None
     required: int = 0
     dropped: int = 0
     overflow: int = 0
     sorted: Sorted | None = None
 
 
-def _local_rows(feature: FeatureSpec, plan: StackingPlan) -> int:
-    topo = plan.topology
-    rows, rem = divmod(feature.batch_size * topo.num_local_devices, topo.global_devices)
-    per_sc, rem_sc = divmod(rows, topo.num_local_devices * topo.sc_per_device)
-    if rem or rem_sc or per_sc == 0:
-        raise ValueError(
-            f"Feature {feature.name!r}: its global batch of {feature.batch_size} rows does not "
-            f"split evenly over {topo.global_devices} devices × {topo.sc_per_device} SparseCores "
-            f"(topology {topo}). Use a batch size that is a multiple of "
-            f"{topo.global_devices * topo.sc_per_device}."
-        )
-    return rows
-
-
-def _make_job(plan: StackingPlan, stack: StackSpec, csrs: Mapping[str, Csr]) -> _StackJob:
-    topo = plan.topology
-    n, s, local = topo.num_partitions, topo.sc_per_device, topo.num_local_devices
-    parts = []
-    for feature in plan.stack_features(stack.name):
-        setting = plan.feature_settings[feature.name]
-        csr = csrs[feature.name]
-        parts.append(_FeaturePart(
-            feature=feature, csr=csr, rows_per_sc=csr.num_rows // (local * s),
-            sample_base=setting.row_offset // n, shift=setting.col_shift,
-            col_offset=setting.col_offset,
-        ))
-    log2n = n.bit_length() - 1
-    samples_per_sc = sum(part.rows_per_sc for part in parts)
-    if samples_per_sc >= 1 << k.SAMPLE_BITS:
-        raise ValueError(
-            f"Stack {stack.name!r}: {samples_per_sc} samples per SparseCore; at most "
-            f"{(1 << k.SAMPLE_BITS) - 1} are supported. Use more devices or a smaller batch."
-        )
-    rowbits = max(1, (stack.vocab_size // n - 1).bit_length())
-    total_bits = log2n + rowbits
-    passes = -(-total_bits // _RADIX_BITS)
-    minibatching = plan.config.enable_minibatching
-    coo = coo_buffer_size_per_device(stack, topo, enable_minibatching=minibatching)
-    rows, eids, sids, gains = allocate([
-        ((local, row_pointers_size_per_device(topo, enable_minibatching=minibatching)), np.int32),
-        ((local, coo), np.int32),
-        ((local, coo), np.int32), ((local, coo), np.float32),
-    ])
-    buffers = StackBuffers(row_pointers=rows, embedding_ids=eids, sample_ids=sids, gains=gains)
+def _make_job(layout: StackLayout, csrs: tuple[Csr, ...], topology: Topology,
+              minibatching: bool) -> _StackJob:
+    rows, eids, sids, gains = allocate(layout.buffers)
+    local, s = topology.num_local_devices, topology.sc_per_device
     return _StackJob(
-        stack=stack, parts=tuple(parts), combiner=_COMBINER_CODES[stack.combiner], log2n=log2n,
-        rowbits=rowbits, digit_bits=-(-total_bits // passes), passes=passes, slot=coo // s,
-        samples_per_sc=samples_per_sc, sc_per_device=s, minibatching=minibatching,
-        buffers=buffers, packed_ends=np.full((local, s), -1, np.int64),
+        layout=layout, csrs=csrs, weighted=any(csr.weights is not None for csr in csrs),
+        minibatching=minibatching,
+        buffers=StackBuffers(row_pointers=rows, embedding_ids=eids, sample_ids=sids, gains=gains),
+        counts=np.zeros((2, local, s, topology.num_partitions), np.int64),
+        packed_ends=np.full((local, s), -1, np.int64),
     )
 
 
 def _run_task(job: _StackJob, device: int, sc: int, num_partitions: int, sc_per_device: int
               ) -> _TaskResult:
     """Count, sort, merge and pack one SparseCore's entries of one stack."""
-    n = num_partitions
-    ids, unique = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    n, layout, weighted = num_partitions, job.layout, job.weighted
+    ids, unique = job.counts[0, device, sc], job.counts[1, device, sc]
     slice_index = device * sc_per_device + sc
-    hist = scratch("hist", job.passes << job.digit_bits, np.int32).reshape(job.passes, -1)
+    hist = scratch("hist", layout.passes << layout.digit_bits, np.int32).reshape(layout.passes, -1)
     hist.fill(0)
-    for part in job.parts:
+    for part, csr in zip(layout.features, job.csrs, strict=True):
         r0 = slice_index * part.rows_per_sc
-        bad = k.count(part.csr.values, part.csr.splits, r0, r0 + part.rows_per_sc,
-                      part.feature.table.vocab_size, part.shift, part.col_offset, job.log2n,
-                      job.rowbits, job.digit_bits, job.passes, hist)
+        bad = k.count(csr.values, csr.splits, r0, r0 + part.rows_per_sc,
+                      part.feature.table.vocab_size, part.shift, part.col_offset, layout.log2n,
+                      layout.rowbits, layout.digit_bits, layout.passes, hist)
         if bad >= 0:
-            return _TaskResult((_BAD_ID, part, bad), ids, unique)
-    total = int(hist[0].sum(dtype=np.int64))
+            return _TaskResult((_BAD_ID, part.feature, csr, bad))
     cursor = scratch("cursor", hist.shape[1], np.int64)
-    cursor[0] = 0
-    np.cumsum(hist[0][:-1], out=cursor[1:])
-    weighted = any(part.csr.weights is not None for part in job.parts)
-    entries, gains, sample_gains, entries2, gains2 = _sort_buffers(job, total, weighted)
-    for part in job.parts:
+    total = k.prefix_sums(hist[0], cursor)
+    entries, gains, sample_gains, entries2, gains2 = _sort_buffers(layout, total, weighted)
+    for part, csr in zip(layout.features, job.csrs, strict=True):
         r0 = slice_index * part.rows_per_sc
-        weights = part.csr.weights
+        weights = csr.weights
         if weighted and weights is None:
-            weights = np.ones(len(part.csr.values), np.float32)
+            weights = np.ones(len(csr.values), np.float32)
         code, where = k.stage(
-            part.csr.values, part.csr.splits, _NO_WEIGHTS if weights is None else weights,
-            weighted, part.csr.width, r0, r0 + part.rows_per_sc, part.sample_base, part.shift, part.col_offset,
-            job.log2n, job.rowbits, job.digit_bits, job.combiner, cursor, entries, gains,
-            sample_gains,
+            csr.values, csr.splits, _NO_WEIGHTS if weights is None else weights,
+            weighted, csr.width, r0, r0 + part.rows_per_sc, part.sample_base, part.shift,
+            part.col_offset, layout.log2n, layout.rowbits, layout.digit_bits, layout.combiner,
+            cursor, entries, gains, sample_gains,
         )
         if code != k.OK:
-            return _TaskResult((code, part, where), ids, unique)
-    if job.passes > 1:
-        for p in range(1, job.passes):
-            k.radix_pass(entries, gains, entries2, gains2, weighted, p * job.digit_bits,
-                         job.digit_bits, hist[p])
-            entries, gains, entries2, gains2 = entries2, gains2, entries, gains
+            return _TaskResult((code, part.feature, csr, where))
+    for p in range(1, layout.passes):
+        k.radix_pass(entries, gains, entries2, gains2, weighted, p * layout.digit_bits,
+                     layout.digit_bits, hist[p])
+        entries, gains, entries2, gains2 = entries2, gains2, entries, gains
     b = job.buffers
-    start, packed = sc * job.slot, False
+    start, packed = sc * layout.slot, False
     if job.minibatching:
         # Pass 1's packing is speculative: this SparseCore's only minibatch goes
         # right after the previous SparseCore's if that one is packed already, else
@@ -179,11 +122,12 @@ def _run_task(job: _StackJob, device: int, sc: int, num_partitions: int, sc_per_
         start, packed = (previous, True) if previous >= 0 else (start, False)
     else:
         block = b.row_pointers.shape[1] // sc_per_device
-    slot = slice(start, start + job.slot)
+    slot = slice(start, start + layout.slot)
     row_pointers = b.row_pointers[device, sc * block:(sc + 1) * block]
+    stack = layout.stack
     required, dropped, overflow = k.emit(
-        entries, gains, weighted, sample_gains, job.combiner, job.rowbits, n,
-        job.stack.max_ids_per_partition, job.stack.max_unique_ids_per_partition,
+        entries, gains, weighted, sample_gains, layout.combiner, layout.rowbits, n,
+        stack.max_ids_per_partition, stack.max_unique_ids_per_partition,
         b.embedding_ids[device, slot], b.sample_ids[device, slot], b.gains[device, slot],
         row_pointers, ids, unique, job.minibatching,
     )
@@ -192,39 +136,38 @@ def _run_task(job: _StackJob, device: int, sc: int, num_partitions: int, sc_per_
         if packed and required >= 0 and not overflow:
             job.packed_ends[device, sc] = (start + end + 7) & ~7
         sorted_entries = keep_sorted(
-            Sorted(entries=entries, gains=gains, weighted=weighted, sample_gains=sample_gains,
-                   combiner=job.combiner, rowbits=job.rowbits, ids=ids, unique=unique,
-                   start=start, end=end, fits_slot=not overflow),
-            exceeded=required < 0)
+            entries=entries, gains=gains, weighted=weighted, sample_gains=sample_gains,
+            combiner=layout.combiner, rowbits=layout.rowbits, ids=ids, unique=unique,
+            start=start, end=end, fits_slot=not overflow, exceeded=required < 0)
         if required < 0:
             required = int(((ids + 7) & ~7).sum())
-        return _TaskResult(None, ids, unique, int(required), sorted=sorted_entries)
-    return _TaskResult(None, ids, unique, int(required), int(dropped), int(overflow))
+        return _TaskResult(None, int(required), sorted=sorted_entries)
+    return _TaskResult(None, int(required), int(dropped), int(overflow))
 
 
-def _sort_buffers(job: _StackJob, total: int, weighted: bool) -> list[np.ndarray]:
+def _sort_buffers(layout: StackLayout, total: int, weighted: bool) -> list[np.ndarray]:
     """(entries, gains, sample_gains, entries2, gains2): the radix sort's ping-pong
     arrays, per-thread scratch (cache-warm: every task of the thread reuses them).
     With minibatching, what pass 2 may need of them is kept by `keep_sorted`."""
     n_gains = total if weighted else 0
     return [
         scratch("entries", total, np.uint64), scratch("gains", n_gains, np.float32),
-        scratch("sample_gains", 0 if weighted else job.samples_per_sc, np.float32),
-        scratch("entries2", total if job.passes > 1 else 0, np.uint64),
-        scratch("gains2", n_gains if job.passes > 1 else 0, np.float32),
+        scratch("sample_gains", 0 if weighted else layout.samples_per_sc, np.float32),
+        scratch("entries2", total if layout.passes > 1 else 0, np.uint64),
+        scratch("gains2", n_gains if layout.passes > 1 else 0, np.float32),
     ]
 
 
-def _task_size(job: _StackJob, device: int, sc: int) -> int:
-    slice_index = device * job.sc_per_device + sc
+def _task_size(job: _StackJob, device: int, sc: int, sc_per_device: int) -> int:
+    slice_index = device * sc_per_device + sc
     return sum(
-        int(p.csr.splits[(slice_index + 1) * p.rows_per_sc] - p.csr.splits[slice_index * p.rows_per_sc])
-        for p in job.parts
+        int(csr.splits[(slice_index + 1) * p.rows_per_sc] - csr.splits[slice_index * p.rows_per_sc])
+        for p, csr in zip(job.layout.features, job.csrs, strict=True)
     )
 
 
-def _raise_input_error(code: int, part: _FeaturePart, where: int) -> None:
-    feature, table, csr = part.feature, part.feature.table, part.csr
+def _raise_input_error(code: int, feature: FeatureSpec, csr: Csr, where: int) -> None:
+    table = feature.table
     if code == k.ZERO_WEIGHT_SUM:
         raise ValueError(
             f"Feature {feature.name!r}: the weights of row {where} sum to zero, so the "
@@ -244,11 +187,11 @@ def _raise_input_error(code: int, part: _FeaturePart, where: int) -> None:
     )
 
 
-def _feature_csr(plan: StackingPlan, feature: FeatureSpec, inputs: Mapping[str, Any],
-                 weights: Mapping[str, Any]) -> Csr:
+def _feature_csr(plan: StackingPlan, layout: PlanLayout, feature: FeatureSpec,
+                 inputs: Mapping[str, Any], weights: Mapping[str, Any]) -> Csr:
     """One feature's validated CSR rows, checked against the rows the plan expects."""
     csr = to_csr(feature, inputs[feature.name], weights.get(feature.name))
-    expected = _local_rows(feature, plan)
+    expected = layout.local_rows[feature.name]
     if csr.num_rows != expected:
         raise ValueError(
             f"Feature {feature.name!r}: got {csr.num_rows} rows, expected {expected} (its global "
@@ -335,9 +278,8 @@ def preprocess(
     if unknown:
         raise ValueError(f"Weights given for unknown features {unknown}.")
     topo = plan.topology
-    max_ids = sum(_local_rows(f, plan) * math.prod(f.input_shape[1:])
-                  for f in plan.features.values())
-    threads = resolve_num_threads(num_threads, max_ids=max_ids)
+    layout = plan_layout(plan)
+    threads = resolve_num_threads(num_threads, max_ids=layout.max_ids)
     if plan.config.enable_minibatching:
         agreement = _resolve_agreement(plan, agreement)
     n, s, local = topo.num_partitions, topo.sc_per_device, topo.num_local_devices
@@ -354,15 +296,18 @@ def preprocess(
     tasks: list[tuple[_StackJob, int, int]] = []
     futures: dict[int, Future[_TaskResult]] = {}
     try:
-        for stack in plan.stacks.values():
-            for feature in plan.stack_features(stack.name):
-                csrs[feature.name] = _feature_csr(plan, feature, inputs, weights)
-            job = _make_job(plan, stack, csrs)
+        for name in plan.stacks:
+            features = layout.stack_features[name]
+            for feature in features:
+                csrs[feature.name] = _feature_csr(plan, layout, feature, inputs, weights)
+            job = _make_job(layout.stack(plan, name), tuple(csrs[f.name] for f in features),
+                            topo, plan.config.enable_minibatching)
             jobs.append(job)
             first = len(tasks)
             tasks.extend((job, d, sc) for d in range(local) for sc in range(s))
             if executor is not None:  # largest first, so no worker ends with a big one
-                for i in sorted(range(first, len(tasks)), key=lambda i: -_task_size(*tasks[i])):
+                for i in sorted(range(first, len(tasks)),
+                                key=lambda i: -_task_size(*tasks[i], sc_per_device=s)):
                     futures[i] = executor.submit(run, tasks[i])
         _check_ids_per_sample(plan, csrs)
     except BaseException:
@@ -376,7 +321,7 @@ def preprocess(
     for result in results:
         if result.error is not None:
             _raise_input_error(*result.error)
-    stats, overflow = _collect_stats(jobs, results, local, s, n)
+    stats, overflow = _collect_stats(jobs, results, local, s)
     num_minibatches = 1
     if plan.config.enable_minibatching:
         assert agreement is not None  # resolved above
@@ -397,7 +342,7 @@ def preprocess(
             ),
             stacklevel=2,
         )
-    stacks = {job.stack.name: job.buffers for job in jobs}
+    stacks = {job.layout.stack.name: job.buffers for job in jobs}
     if not has_leading_dimension:
         stacks = {
             name: StackBuffers(**{f.name: getattr(b, f.name).reshape(-1)
@@ -437,13 +382,12 @@ def _pack_minibatches(
     for j, job in enumerate(jobs):
         merged = [r.sorted for r in results[j * per_stack:(j + 1) * per_stack]]
         assert all(m is not None for m in merged)
+        layout, stack = job.layout, job.layout.stack
         packings.append(StackPacking(
-            name=job.stack.name, tables=job.stack.table_names,
-            max_ids=job.stack.max_ids_per_partition,
-            max_unique=job.stack.max_unique_ids_per_partition, rowbits=job.rowbits,
-            log2n=job.log2n, vocab_size=job.stack.vocab_size, buffers=job.buffers,
-            slot=job.slot,
-            sorted=[m for m in merged if m is not None],
+            name=stack.name, tables=stack.table_names, max_ids=stack.max_ids_per_partition,
+            max_unique=stack.max_unique_ids_per_partition, rowbits=layout.rowbits,
+            log2n=layout.log2n, vocab_size=stack.vocab_size, buffers=job.buffers,
+            slot=layout.slot, sorted=[m for m in merged if m is not None],
         ))
 
     def parallel_map(fn: Any, items: Any) -> list[Any]:
@@ -460,18 +404,15 @@ def _pack_minibatches(
     return num_minibatches, dataclasses.replace(stats, id_drop_counters=drops), overflow
 
 
-def _collect_stats(
-    jobs: list[_StackJob], results: list[_TaskResult], local: int, s: int, n: int
-) -> tuple[PreprocessStats, dict[str, int]]:
+def _collect_stats(jobs: list[_StackJob], results: list[_TaskResult], local: int, s: int
+                   ) -> tuple[PreprocessStats, dict[str, int]]:
     max_ids, max_unique, required, drops, overflow = {}, {}, {}, {}, {}
     per_stack = local * s
     for j, job in enumerate(jobs):
         chunk = results[j * per_stack:(j + 1) * per_stack]
-        name = job.stack.name
-        max_ids[name] = np.stack([r.ids for r in chunk]).reshape(local, s, n).max(1).astype(np.int32)
-        max_unique[name] = (
-            np.stack([r.unique for r in chunk]).reshape(local, s, n).max(1).astype(np.int32)
-        )
+        name = job.layout.stack.name
+        max_ids[name] = job.counts[0].max(1).astype(np.int32)
+        max_unique[name] = job.counts[1].max(1).astype(np.int32)
         required[name] = np.array([r.required for r in chunk], np.int32).reshape(local, s)
         drops[name] = sum(r.dropped + r.overflow for r in chunk)
         overflow[name] = sum(r.overflow for r in chunk)

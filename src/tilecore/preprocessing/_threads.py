@@ -26,8 +26,11 @@ def resolve_num_threads(num_threads: int | None, *, max_ids: int | None = None) 
     if num_threads is None:
         env = os.environ.get(NUM_THREADS_ENV)
         if env is None:
+            useful = None if max_ids is None else max_ids // MIN_IDS_PER_THREAD
+            if useful is not None and useful <= 1:
+                return 1  # without reading the CPU count (tens of µs per call on some hosts)
             cpus = max(1, os.cpu_count() or 1)
-            return cpus if max_ids is None else max(1, min(cpus, max_ids // MIN_IDS_PER_THREAD))
+            return cpus if useful is None else min(cpus, useful)
         source = f"${NUM_THREADS_ENV}"
         try:
             num_threads = int(env)

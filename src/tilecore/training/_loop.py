@@ -187,6 +187,9 @@ def input_rate(source: ClickSource, config: TrainConfig, *, batches: int = 100) 
     (`TrainConfig.staged_batches`), the host can keep the devices busy."""
     if batches < 1:
         raise ValueError(f"input_rate: batches must be >= 1, got {batches}.")
+    if config.staged_batches:
+        raise ValueError("input_rate measures preparing batches; the config stages them "
+                         f"(staged_batches={config.staged_batches}): set it to 0.")
     mesh = _mesh(config)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", IdDroppingWarning)
