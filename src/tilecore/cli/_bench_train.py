@@ -8,7 +8,9 @@ Three measurements of the `tilecore train` click model, interleaved over
   the loop and cycled, so the host prepares nothing: the device's ceiling;
 - train: examples/s of training as `tilecore train` does it.
 train / staged near 1 means the host keeps the device busy; input / staged says
-how much headroom the input pipeline has.
+how much headroom the input pipeline has. On the CPU backend host and device
+share the cores, so preparing batches slows the steps even when input / staged
+is well above 1.
 """
 
 from __future__ import annotations
@@ -113,8 +115,7 @@ def run(args: argparse.Namespace) -> int:
         "python": platform.python_version(),
         "cpu_count": os.cpu_count(),
     }
-    verdict = ("the host limits training" if result["host_bound"] else
-               "the host keeps the device busy")
+    verdict = _verdict(result, cpu=jax.default_backend() == "cpu")
     print(f"train {median['train']:,.0f}, staged (device ceiling) {median['staged']:,.0f}, "
           f"input only {median['input']:,.0f} examples/s (medians of {args.repeats}): train / "
           f"staged {result['train_over_staged']:.2f}, input / staged "
@@ -122,6 +123,16 @@ def run(args: argparse.Namespace) -> int:
     if args.json is not None:
         write_json(args.json, result)
     return 0
+
+
+def _verdict(result: dict[str, Any], *, cpu: bool) -> str:
+    if not result["host_bound"]:
+        return "the host keeps the device busy"
+    if result["input_over_staged"] < 1:
+        return "the host limits training: its input pipeline is slower than the device"
+    return ("the host limits training: its input pipeline is fast enough alone but slows the "
+            "steps" + (" (on the CPU backend, host and device share the cores)" if cpu else
+                       " (the main thread's dispatch, or the transfers)"))
 
 
 def _train(source: Any, config: Any) -> Any:
