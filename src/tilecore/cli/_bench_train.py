@@ -57,7 +57,7 @@ def add_parser(kinds: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    for name in ("batch_size", "steps", "repeats", "staged"):
+    for name in ("batch_size", "repeats", "staged"):
         if getattr(args, name) < 1:
             raise ValueError(f"bench train: --{name.replace('_', '-')} must be >= 1, got "
                              f"{getattr(args, name)}.")

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+from jax.sharding import NamedSharding
 
 from ._sharding import mesh_shardings
 from ._state import TrainState
@@ -66,10 +67,8 @@ class TrainStep:
         key = (treedef, tuple(getattr(x, "sharding", None) for x in leaves))
         fn = self._pinned.get(key)
         if fn is None:
-            shardings = mesh_shardings(state)
-            unpinned = all(s is None for s in jax.tree.leaves(
-                shardings, is_leaf=lambda x: x is None))
-            fn = self._pinned[key] = self.jitted if unpinned else self._jit(shardings)
+            on_mesh = any(isinstance(s, NamedSharding) for s in key[1])
+            fn = self._pinned[key] = self._jit(mesh_shardings(state)) if on_mesh else self.jitted
         return fn
 
     @functools.cached_property

@@ -218,24 +218,23 @@ def keep_sorted(
     the packing holds every merged entry and nothing is kept: the usual case, no
     split, costs what packing without minibatching does.
     """
-    if fits_slot and not exceeded:
-        return Sorted(entries=_NONE, gains=_NONE, weighted=weighted, sample_gains=_NONE,
-                      combiner=combiner, rowbits=rowbits, ids=ids, unique=unique, start=start,
-                      end=end, fits_slot=True, in_slot=True)
-    if exceeded:
+    merged, in_slot = None, fits_slot and not exceeded
+    if in_slot:  # the packing holds them all
+        entries = gains = sample_gains = _NONE
+    elif exceeded:  # the packing is abandoned
         ids.fill(0)
         unique.fill(0)
         merged = _merge(entries, gains, weighted, sample_gains, combiner, rowbits, ids, unique)
         entries = gains = sample_gains = _NONE
-    else:
-        merged = None
+    else:  # the slot cut some off
         arrays = (entries, gains, sample_gains)
         entries, gains, sample_gains = allocate([(a.shape, a.dtype.type) for a in arrays])
         for a, copy in zip(arrays, (entries, gains, sample_gains), strict=True):
             np.copyto(copy, a)
     return Sorted(entries=entries, gains=gains, weighted=weighted, sample_gains=sample_gains,
                   combiner=combiner, rowbits=rowbits, ids=ids, unique=unique, start=start,
-                  end=end, fits_slot=fits_slot and not exceeded, merged=merged)
+                  end=end, fits_slot=fits_slot and not exceeded, merged=merged,
+                  in_slot=in_slot)
 
 
 def _merged(stack: StackPacking, index: int, sc_per_device: int) -> Merged:

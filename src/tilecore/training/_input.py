@@ -40,11 +40,12 @@ Prepared = tuple[DeviceBatch, PreprocessStats, int, float]  # batch, stats, mini
 @dataclasses.dataclass(frozen=True)
 class Feed:
     """How the loop gets training batch `step`: `batch(step)`, run up to `depth`
-    batches ahead by `threads` prefetch threads (depth 0: in the loop's thread)."""
+    batches ahead by `threads` prefetch threads (None: `depth` of them; depth 0: in
+    the loop's thread)."""
 
     batch: Callable[[int], Prepared]
     depth: int
-    threads: int
+    threads: int | None = None
 
 
 class Inputs:
@@ -93,7 +94,7 @@ class Inputs:
         config = self.config
         if config.staged_batches:
             staged = [self.train_batch(start + i) for i in range(config.staged_batches)]
-            return Feed(lambda step: staged[(step - start) % len(staged)], depth=0, threads=0)
+            return Feed(lambda step: staged[(step - start) % len(staged)], depth=0)
         if config.input_processes:
             batches = cleanup.enter_context(ProcessBatches(
                 self.source, self.plan, start=start, stop=stop,
@@ -102,7 +103,7 @@ class Inputs:
             # One thread takes the workers' batches in order and puts them on the devices.
             return Feed(functools.partial(self._worker_batch, batches), depth=config.prefetch,
                         threads=1)
-        return Feed(self.train_batch, depth=config.prefetch, threads=config.prefetch)
+        return Feed(self.train_batch, depth=config.prefetch)
 
 
 def measure_input_rate(inputs: Inputs, *, batches: int) -> float:
@@ -111,7 +112,7 @@ def measure_input_rate(inputs: Inputs, *, batches: int) -> float:
     with contextlib.ExitStack() as cleanup:
         feed = inputs.open(cleanup, start=0, stop=batches + 1)
         with Prefetcher(feed.batch, batches + 1, depth=feed.depth,
-                        workers=feed.threads or None) as prepared:
+                        workers=feed.threads) as prepared:
             jax.block_until_ready(next(prepared)[0])  # start-up (workers importing) not timed
             t0 = time.perf_counter()
             for batch, *_ in prepared:

@@ -118,7 +118,7 @@ def run_steps(step: TrainStep, state: TrainState, hooks: Hooks, *, plan: Stackin
 
     feed = hooks.feed
     with Prefetcher(lambda i: feed.batch(start + i), steps - start, depth=feed.depth,
-                    workers=feed.threads or None) as batches:
+                    workers=feed.threads) as batches:
         step_inputs = inputs(batches)
         begin = start
         for end in segment_ends(start, steps, checkpoint_every):
