@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 BENCH_DIR := bench-results
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test reference-test bench clean
 
 install: $(STAMP)
 
@@ -23,6 +23,21 @@ test: install
 	$(BIN)/pyright --pythonpath $(BIN)/python
 	$(BIN)/python -m pytest
 
+# Differential tests against the real reference (jax-tpu-embedding 0.2.0, Python >= 3.12) in
+# its own venv; never a tilecore dependency. `make test` skips these tests when the venv is absent.
+PYTHON312 ?= $(shell command -v python3.12 || ls $(HOME)/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | tail -1)
+REFERENCE_VENV := .venv-reference
+REFERENCE_STAMP := $(REFERENCE_VENV)/.installed
+
+$(REFERENCE_STAMP):
+	test -n "$(PYTHON312)" || { echo "make reference-test needs python3.12 (set PYTHON312=...)"; exit 1; }
+	test -x $(REFERENCE_VENV)/bin/python || $(PYTHON312) -m venv $(REFERENCE_VENV)
+	$(REFERENCE_VENV)/bin/python -m pip install --quiet 'jax-tpu-embedding==0.2.0'
+	touch $(REFERENCE_STAMP)
+
+reference-test: install $(REFERENCE_STAMP)
+	$(BIN)/python -m pytest tests/test_reference_*.py
+
 # Host-preprocessing throughput, one JSON file per run under bench-results/.
 bench: install
 	mkdir -p $(BENCH_DIR)
@@ -34,4 +49,4 @@ bench: install
 	done
 
 clean:
-	rm -rf $(VENV) $(BENCH_DIR) build dist src/*.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(REFERENCE_VENV) $(BENCH_DIR) build dist src/*.egg-info .pytest_cache .ruff_cache .hypothesis

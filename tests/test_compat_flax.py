@@ -14,13 +14,13 @@ import numpy as np
 import optax
 import pytest
 from jax.sharding import Mesh
+from tilecore.compat.flax._sparse import make_plan, native_batch
+from tilecore.compat.flax.linen import embed, embed_optimizer
+from tilecore.compat.flax.nnx import embed as nnx_embed
 
 from _compat_cases import feature_specs as reference_feature_specs
 from tilecore import ops
 from tilecore.compat import embedding_spec
-from tilecore.compat.flax._sparse import make_plan, native_batch
-from tilecore.compat.flax.linen import embed, embed_optimizer
-from tilecore.compat.flax.nnx import embed as nnx_embed
 
 BATCH, STEPS, SC = 32, 12, 2
 

@@ -13,13 +13,13 @@ import numpy as np
 import optax
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from tilecore.compat.flax._sparse import make_plan, native_batch
 
 import tilecore.pipelining as tcp
 from _compat_cases import feature_specs as reference_feature_specs
 from tilecore import ops
 from tilecore.compat import embedding, embedding_spec
 from tilecore.compat import embedding_pipelining_utils as ep_utils
-from tilecore.compat.flax._sparse import make_plan, native_batch
 
 BATCH, SC, NUM_STEPS = 16, 2, 5
 MESH = Mesh(np.asarray(jax.devices()[:1]), "x")

@@ -17,13 +17,13 @@ import jax.numpy as jnp
 from flax.core import FrozenDict, unfreeze
 from jax.sharding import Mesh
 
-from ... import ops
-from ...preprocessing import PreprocessedBatch
-from ...stacking import StackingPlan
-from .._device import buffers, matmul_input_parts
-from .._native import build_plan
-from .._preprocessing import check_options
-from .._pytree import assert_same_structure, leaves, map_leaves
+from .... import ops
+from ....preprocessing import PreprocessedBatch
+from ....stacking import StackingPlan
+from ..._device import buffers, matmul_input_parts
+from ..._native import build_plan
+from ..._preprocessing import check_options
+from ..._pytree import assert_same_structure, leaves, map_leaves
 
 
 def plain_specs(feature_specs: Any) -> Any:

@@ -38,19 +38,17 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from .. import stacking as native_stacking
-from ..preprocessing import coo_buffer_size_per_device, row_pointers_size_per_device
-from ..stacking import round_up
-from . import embedding_spec as embedding_spec
-from . import table_stacking as table_stacking
-from ._device_api import EmbeddingVariables as EmbeddingVariables
-from ._device_api import init_embedding_variables as init_embedding_variables
-from ._device_api import stack_embedding_gradients as stack_embedding_gradients
-from ._device_api import tpu_sparse_dense_matmul as tpu_sparse_dense_matmul
-from ._device_api import tpu_sparse_dense_matmul_grad as tpu_sparse_dense_matmul_grad
-from ._device_api import unstack_embedding_activations as unstack_embedding_activations
-from ._inputs import as_input, coo_to_ragged
-from ._native import (
+from .... import stacking as native_stacking
+from ....preprocessing import coo_buffer_size_per_device, row_pointers_size_per_device
+from ....stacking import round_up
+from ..._device_api import EmbeddingVariables as EmbeddingVariables
+from ..._device_api import init_embedding_variables as init_embedding_variables
+from ..._device_api import stack_embedding_gradients as stack_embedding_gradients
+from ..._device_api import tpu_sparse_dense_matmul as tpu_sparse_dense_matmul
+from ..._device_api import tpu_sparse_dense_matmul_grad as tpu_sparse_dense_matmul_grad
+from ..._device_api import unstack_embedding_activations as unstack_embedding_activations
+from ..._inputs import as_input, coo_to_ragged
+from ..._native import (
     build_plan,
     feature_leaves,
     native_features,
@@ -58,13 +56,15 @@ from ._native import (
     resolve_num_sc_per_device,
     topology,
 )
-from ._preprocessing import check_options, run
-from ._pytree import assert_same_structure
-from ._results import PreprocessedInput as PreprocessedInput
-from ._results import SparseDenseMatmulInput as SparseDenseMatmulInput
-from ._results import SparseDenseMatmulInputStats as SparseDenseMatmulInputStats
-from ._results import to_reference
-from ._specs import FeatureSpec, StackedTableSpec, TableSpec
+from ..._preprocessing import check_options, run
+from ..._pytree import assert_same_structure
+from ..._results import PreprocessedInput as PreprocessedInput
+from ..._results import SparseDenseMatmulInput as SparseDenseMatmulInput
+from ..._results import SparseDenseMatmulInputStats as SparseDenseMatmulInputStats
+from ..._results import to_reference
+from ..._specs import FeatureSpec, StackedTableSpec, TableSpec
+from . import embedding_spec as embedding_spec
+from . import table_stacking as table_stacking
 from .table_stacking import LimitsCallable as LimitsCallable
 from .table_stacking import get_default_limits as get_default_limits
 

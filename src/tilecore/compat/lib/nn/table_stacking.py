@@ -19,15 +19,15 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .. import stacking as native_stacking
-from ..specs import DEFAULT_ACTIVATION_MEM_BYTES_LIMIT
-from ._arrays import stack_and_shard_tables as stack_and_shard_tables
-from ._arrays import unshard_and_unstack_tables as unshard_and_unstack_tables
-from ._native import feature_leaves, native_features, record_stack, topology
-from ._pytree import leaves
-from ._specs import FeatureSpec
-from ._specs import StackedTableSpec as StackedTableSpec
-from ._specs import TableSpec as TableSpec
+from .... import stacking as native_stacking
+from ....specs import DEFAULT_ACTIVATION_MEM_BYTES_LIMIT
+from ..._arrays import stack_and_shard_tables as stack_and_shard_tables
+from ..._arrays import unshard_and_unstack_tables as unshard_and_unstack_tables
+from ..._native import feature_leaves, native_features, record_stack, topology
+from ..._pytree import leaves
+from ..._specs import FeatureSpec
+from ..._specs import StackedTableSpec as StackedTableSpec
+from ..._specs import TableSpec as TableSpec
 
 LimitsCallable = Callable[[str, int], int]
 """`(stack_name, total_sample_count) -> limit` for a multi-table stack."""

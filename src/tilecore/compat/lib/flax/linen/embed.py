@@ -26,7 +26,7 @@ import numpy as np
 from flax.core import meta
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from ... import embedding
+from ...nn import embedding
 from .. import _sparse
 
 EMBEDDING_PARAM_NAME = "sc_embedding_variables"

@@ -23,7 +23,7 @@ import jax
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from ... import embedding
+from ...nn import embedding
 from .. import _sparse
 from ..linen.embed import resolve_mesh
 

@@ -13,20 +13,20 @@ so activations lag the table updates by one step. The work is done by
 `tilecore.compat` itself, which does not import it.
 """
 
-from ._pipelining import get_default_sc_bwd_function as get_default_sc_bwd_function
-from ._pipelining import get_default_sc_fwd_function as get_default_sc_fwd_function
-from ._pipelining import get_initial_state as get_initial_state
-from ._pipelining import get_pipeline_state_sharding as get_pipeline_state_sharding
-from ._pipelining import get_pipeline_train_steps as get_pipeline_train_steps
-from ._pipelining import is_output_valid as is_output_valid
-from ._pipelining import step as step
-from ._pipelining_types import CurrentStepInput as CurrentStepInput
-from ._pipelining_types import LastStepInput as LastStepInput
-from ._pipelining_types import PipelineState as PipelineState
-from ._pipelining_types import ScBwdStageFun as ScBwdStageFun
-from ._pipelining_types import ScFwdStageFun as ScFwdStageFun
-from ._pipelining_types import StepBeforeLastStepInput as StepBeforeLastStepInput
-from ._pipelining_types import TcStageFun as TcStageFun
+from ..._pipelining import get_default_sc_bwd_function as get_default_sc_bwd_function
+from ..._pipelining import get_default_sc_fwd_function as get_default_sc_fwd_function
+from ..._pipelining import get_initial_state as get_initial_state
+from ..._pipelining import get_pipeline_state_sharding as get_pipeline_state_sharding
+from ..._pipelining import get_pipeline_train_steps as get_pipeline_train_steps
+from ..._pipelining import is_output_valid as is_output_valid
+from ..._pipelining import step as step
+from ..._pipelining_types import CurrentStepInput as CurrentStepInput
+from ..._pipelining_types import LastStepInput as LastStepInput
+from ..._pipelining_types import PipelineState as PipelineState
+from ..._pipelining_types import ScBwdStageFun as ScBwdStageFun
+from ..._pipelining_types import ScFwdStageFun as ScFwdStageFun
+from ..._pipelining_types import StepBeforeLastStepInput as StepBeforeLastStepInput
+from ..._pipelining_types import TcStageFun as TcStageFun
 
 __all__ = [
     "CurrentStepInput",

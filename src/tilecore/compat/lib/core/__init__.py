@@ -1,0 +1,6 @@
+"""`jax_tpu_embedding.sparsecore.lib.core` on tilecore: the Python functions user code calls."""
+
+from ..._aliases import submodule_getattr
+
+__all__ = ["constants", "input_preprocessing"]
+__getattr__ = submodule_getattr(__name__, __all__)

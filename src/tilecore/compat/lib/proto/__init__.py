@@ -1,0 +1,6 @@
+"""`jax_tpu_embedding.sparsecore.lib.proto` on tilecore: the wire-compatible `EmbeddingSpecProto`."""
+
+from ..._aliases import submodule_getattr
+
+__all__ = ["embedding_spec_pb2"]
+__getattr__ = submodule_getattr(__name__, __all__)
