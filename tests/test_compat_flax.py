@@ -170,5 +170,3 @@ def test_compat_errors() -> None:
         model.apply({"params": {}}, inputs)
     with pytest.raises(ValueError, match=r"call it through model\.apply"):
         layer.apply_gradient({}, inputs)
-    with pytest.raises(NotImplementedError, match="enable_minibatching"):
-        nnx_embed.SparseCoreEmbed(specs, "x", MESH, nnx.Rngs(0), enable_minibatching=True)

@@ -242,11 +242,9 @@ def test_errors_name_the_fix() -> None:
     inputs = embedding.PreprocessedInput(embedding.SparseDenseMatmulInput({}, {}, {}, {}))
     with pytest.raises(ValueError, match="feature specs define"):
         embedding.tpu_sparse_dense_matmul(inputs, {}, specs, global_device_count=2)
-    with pytest.raises(NotImplementedError, match="Minibatching"):
-        embedding.tpu_sparse_dense_matmul(inputs, {}, specs, global_device_count=2,
-                                          enable_minibatching=True)
-    with pytest.raises(AttributeError, match="not available yet"):
-        _ = embedding.create_proto_from_feature_specs
+    with pytest.raises(ValueError, match="minibatch count"), pytest.warns(DeprecationWarning):
+        embedding.tpu_sparse_dense_matmul(inputs.sparse_dense_matmul_input, {}, specs,
+                                          global_device_count=2, enable_minibatching=True)
 
 
 def test_shard_map_on_four_devices(tmp_path: Path) -> None:

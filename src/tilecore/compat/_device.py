@@ -120,25 +120,37 @@ def flat_table(table: jax.Array) -> jax.Array:
     return table.reshape(-1, table.shape[-1]) if table.ndim == 3 else table
 
 
+def minibatch_count(num_minibatches: Any) -> jax.Array:
+    """One device's minibatch count as an int32 scalar, from the reference's per-device
+    `num_minibatches` (`[local_devices]`, `[local_devices, 1]`, or a scalar): every device
+    runs the same number of minibatches."""
+    count = jnp.asarray(num_minibatches, jnp.int32)
+    return count.reshape(-1)[0] if count.ndim else count
+
+
 def lookup_stacks(plan: StackingPlan, stacks: Mapping[str, StackBuffers],
-                  tables: Mapping[str, jax.Array], axis: Axis) -> dict[str, jax.Array]:
+                  tables: Mapping[str, jax.Array], axis: Axis,
+                  num_minibatches: Any = 1) -> dict[str, jax.Array]:
     """One device's stacked activations `[S·samples_per_sc, dim]` for every stack."""
     layouts = ops.stack_layouts(plan)
-    return {name: lookup_stack(stacks[name], flat_table(tables[name]), layout, axis)  # pyright: ignore[reportArgumentType]
+    count = minibatch_count(num_minibatches)
+    return {name: lookup_stack(stacks[name], flat_table(tables[name]), layout, axis, count)  # pyright: ignore[reportArgumentType]
             for name, layout in layouts.items()}
 
 
 def update_stacks(plan: StackingPlan, stacks: Mapping[str, StackBuffers],
                   variables: Mapping[str, Any], grads: Mapping[str, jax.Array], step: Any,
-                  axis: Axis, clip: Mapping[str, tuple[float, float]]) -> dict[str, Any]:
+                  axis: Axis, clip: Mapping[str, tuple[float, float]],
+                  num_minibatches: Any = 1) -> dict[str, Any]:
     """One device's updated `(table, slots)` of every stack (shapes as given)."""
+    count = minibatch_count(num_minibatches)
     out = {}
     for name, layout in ops.stack_layouts(plan).items():
         table, slots = variables[name]
         flat = ops.EmbeddingVariables(flat_table(table), tuple(flat_table(s) for s in slots))
         new = lookup_grad_stack(
             stacks[name], jnp.asarray(grads[name], jnp.float32).reshape(-1, layout.dim), flat,
-            layout, plan.stacks[name].optimizer, step, axis, clip.get(name),  # pyright: ignore[reportArgumentType]
+            layout, plan.stacks[name].optimizer, step, axis, clip.get(name), count,  # pyright: ignore[reportArgumentType]
         )
         out[name] = (new.table.reshape(table.shape),
                      tuple(n.reshape(s.shape) for n, s in zip(new.slots, slots, strict=True)))

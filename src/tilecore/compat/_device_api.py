@@ -63,15 +63,16 @@ def unstack_embedding_activations(
     feature_specs: Nested[FeatureSpec],
     global_device_count: int,
     num_sc_per_device: int | None = None,
-    use_primitive: bool = False,
+    use_activation_unstack_primitive: bool = False,
 ) -> Nested[Any]:
     """Per-feature activations (shaped like `feature_specs`) from per-stack ones.
 
     Per device (`[S·samples_per_sc, dim]` → `[B_f/G, output_dim]`), as in the
     reference; global stacked activations (`[G·S·samples_per_sc, dim]`) give global
-    `[B_f, output_dim]`. `use_primitive` is ignored.
+    `[B_f, output_dim]`. `use_activation_unstack_primitive` is ignored (XLA fuses the
+    unstacking on every backend).
     """
-    del use_primitive
+    del use_activation_unstack_primitive
     from ._activations import unstack
 
     return unstack(activations, feature_specs, global_device_count,
@@ -83,15 +84,16 @@ def stack_embedding_gradients(
     feature_specs: Nested[FeatureSpec],
     num_sc_per_device: int | None = None,
     global_device_count: int | None = None,
-    use_primitive: bool = False,
+    use_gradient_stacking_primitive: bool = False,
 ) -> dict[str, Any]:
     """Per-stack gradients from per-feature ones (the inverse of unstacking).
 
     Per device (`[B_f/G, dim]` each), as in the reference; with
     `global_device_count` given, global `[B_f, dim]` gradients are accepted too.
-    Columns are zero-padded to the stack's width. `use_primitive` is ignored.
+    Columns are zero-padded to the stack's width. `use_gradient_stacking_primitive` is
+    ignored (XLA fuses the stacking on every backend).
     """
-    del use_primitive
+    del use_gradient_stacking_primitive
     from ._activations import stack
 
     return stack(activation_gradients, feature_specs,
@@ -105,10 +107,17 @@ def _check_call(preprocessed_inputs: Any, embedding_variables: Mapping[str, Any]
     from ._preprocessing import check_options
     from ._results import SparseDenseMatmulInput
 
-    check_options(sharding_strategy, enable_minibatching, what)
+    check_options(sharding_strategy, what)
     if isinstance(preprocessed_inputs, SparseDenseMatmulInput):
         warnings.warn("SparseDenseMatmulInput is deprecated. Please use PreprocessedInput "
                       "instead.", DeprecationWarning, stacklevel=3)
+    num_minibatches = getattr(preprocessed_inputs, "num_minibatches", None)
+    if enable_minibatching and num_minibatches is None:
+        raise ValueError(
+            f"{what}: enable_minibatching=True needs the minibatch count; pass the "
+            "PreprocessedInput that preprocess_sparse_dense_matmul_input returned (not its "
+            "sparse_dense_matmul_input)."
+        )
     parts = matmul_input_parts(preprocessed_inputs)
     stacks = {f.table_spec.stacked_table_spec.stack_name for f in feature_leaves(feature_specs)
               if f.table_spec.is_stacked()}
@@ -119,14 +128,15 @@ def _check_call(preprocessed_inputs: Any, embedding_variables: Mapping[str, Any]
                 f"{what}: {name} hold stacks {sorted(keys)} but the feature specs define "
                 f"{sorted(stacks)}; preprocess and initialise with these feature specs."
             )
-    return parts
+    return parts, (1 if num_minibatches is None else num_minibatches)
 
 
-def _plan(feature_specs: Any, global_device_count: int, num_sc_per_device: int | None) -> Any:
+def _plan(feature_specs: Any, global_device_count: int, num_sc_per_device: int | None,
+          enable_minibatching: bool) -> Any:
     from ._native import build_plan
 
     return build_plan(feature_specs, global_devices=global_device_count,
-                      sc_per_device=num_sc_per_device)
+                      sc_per_device=num_sc_per_device, enable_minibatching=enable_minibatching)
 
 
 def tpu_sparse_dense_matmul(
@@ -162,7 +172,8 @@ def tpu_sparse_dense_matmul(
       global_device_count: G, devices over all processes (typically `mesh.size`).
       sharding_strategy: only "MOD".
       num_sc_per_device: S (None: 4); must match preprocessing.
-      enable_minibatching: not supported yet (raises).
+      enable_minibatching: the inputs were preprocessed with minibatching (the
+        buffers hold up to 64 minibatches, read one after another).
       perform_unstacking: per-feature activations (True) or stack name → stacked
         activations `[S·samples_per_sc, dim]` per device (False).
       use_activation_unstack_primitive: ignored.
@@ -176,21 +187,21 @@ def tpu_sparse_dense_matmul(
     from ._activations import unstack
 
     what = "tpu_sparse_dense_matmul"
-    parts = _check_call(preprocessed_inputs, embedding_variables, feature_specs,
-                        sharding_strategy, enable_minibatching, what)
-    plan = _plan(feature_specs, global_device_count, num_sc_per_device)
+    parts, minibatches = _check_call(preprocessed_inputs, embedding_variables, feature_specs,
+                                     sharding_strategy, enable_minibatching, what)
+    plan = _plan(feature_specs, global_device_count, num_sc_per_device, enable_minibatching)
     tables = {name: embedding_variables[name][0] for name in plan.stacks}
     where = _device.placement(global_device_count, next(iter(tables.values())), mesh)
     axis = where.axis
 
-    def per_device(parts: Any, tables: Any) -> Any:
+    def per_device(parts: Any, tables: Any, minibatches: Any) -> Any:
         stacks = {name: _device.buffers(parts, name) for name in plan.stacks}
-        blocks = _device.lookup_stacks(plan, stacks, tables, axis)
+        blocks = _device.lookup_stacks(plan, stacks, tables, axis, minibatches)
         if not perform_unstacking:
             return blocks
         return unstack(blocks, feature_specs, global_device_count, plan.topology.sc_per_device)
 
-    return _device.run_placed(where, per_device, parts, tables)
+    return _device.run_placed(where, per_device, parts, tables, minibatches)
 
 
 def tpu_sparse_dense_matmul_grad(
@@ -200,13 +211,14 @@ def tpu_sparse_dense_matmul_grad(
     feature_specs: Nested[FeatureSpec],
     *,
     global_device_count: int | None = None,
+    sharding_strategy: str = "MOD",
     label: str = "",
     step: Any = None,
     num_sc_per_device: int | None = None,
     enable_minibatching: bool = False,
     perform_stacking: bool = True,
+    use_gradient_stacking_primitive: bool = False,
     embedding_var_limits: Mapping[str, tuple[float, float]] | None = None,
-    sharding_strategy: str = "MOD",
     mesh: Any = None,
 ) -> dict[str, EmbeddingVariables]:
     """The **updated** variables: per touched row `g = Σ gain · activation_grad[sample]`
@@ -221,6 +233,7 @@ def tpu_sparse_dense_matmul_grad(
         `perform_stacking`, stack name → stacked gradients).
       global_device_count: G (None: the shard_map's axis size, or 1 outside it).
       label: ignored (the reference names its kernels with it).
+      use_gradient_stacking_primitive: ignored (XLA fuses the stacking).
       step: the global 0-based step (Adam's and LaProp's bias correction, schedules);
         None means 0. A Python int or a traced scalar.
       embedding_var_limits: stack name → (min, max) applied to the updated table
@@ -229,16 +242,16 @@ def tpu_sparse_dense_matmul_grad(
     Returns:
       Stack name → `EmbeddingVariables(table, slot)` with the slot container kept.
     """
-    del label
+    del label, use_gradient_stacking_primitive
     from . import _device
     from ._activations import stack
 
     what = "tpu_sparse_dense_matmul_grad"
-    parts = _check_call(preprocessed_inputs, embedding_variables, feature_specs,
-                        sharding_strategy, enable_minibatching, what)
+    parts, minibatches = _check_call(preprocessed_inputs, embedding_variables, feature_specs,
+                                     sharding_strategy, enable_minibatching, what)
     if global_device_count is None:
         global_device_count = _device.context_device_count()
-    plan = _plan(feature_specs, global_device_count, num_sc_per_device)
+    plan = _plan(feature_specs, global_device_count, num_sc_per_device, enable_minibatching)
     clip = dict(embedding_var_limits or {})
     unknown = sorted(set(clip) - set(plan.stacks))
     if unknown:
@@ -248,14 +261,15 @@ def tpu_sparse_dense_matmul_grad(
     where = _device.placement(global_device_count, variables[next(iter(plan.stacks))][0], mesh)
     s = plan.topology.sc_per_device
 
-    def per_device(parts: Any, variables: Any, grads: Any, step: Any) -> Any:
+    def per_device(parts: Any, variables: Any, grads: Any, minibatches: Any, step: Any) -> Any:
         if perform_stacking:
             grads = stack(grads, feature_specs, s, global_device_count)
         stacks = {name: _device.buffers(parts, name) for name in plan.stacks}
-        return _device.update_stacks(plan, stacks, variables, grads, step, where.axis, clip)
+        return _device.update_stacks(plan, stacks, variables, grads, step, where.axis, clip,
+                                     minibatches)
 
     updated = _device.run_placed(where, per_device, parts, variables, activation_gradients,
-                                 0 if step is None else step, replicated=1)
+                                 minibatches, 0 if step is None else step, replicated=1)
     out = {}
     for name, (table, slots) in updated.items():
         old = embedding_variables[name][1]

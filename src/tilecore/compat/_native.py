@@ -47,18 +47,29 @@ def topology(
 
 
 def feature_leaves(feature_specs: Any) -> list[FeatureSpec]:
-    """The FeatureSpecs of a pytree, in leaf order, checked for type and unique names."""
-    specs = leaves(feature_specs)
-    seen: set[str] = set()
-    for spec in specs:
+    """The distinct FeatureSpecs of a pytree, in leaf order, checked for type and names.
+
+    As in the reference, a collection may hold the same feature twice (e.g. one spec
+    under two keys): equal specs are one feature. Two *different* specs with one
+    name are an error.
+    """
+    specs: list[FeatureSpec] = []
+    seen: dict[str, FeatureSpec] = {}
+    for spec in leaves(feature_specs):
         if not isinstance(spec, FeatureSpec):
             raise TypeError(
                 "feature_specs must hold tilecore.compat.embedding_spec.FeatureSpec values, got "
                 f"{type(spec).__name__}. Build the specs with tilecore.compat.embedding_spec."
             )
-        if spec.name in seen:
-            raise ValueError(f"Feature spec {spec.name} is already defined.")
-        seen.add(spec.name)
+        known = seen.get(spec.name)
+        if known is None:
+            seen[spec.name] = spec
+            specs.append(spec)
+        elif known is not spec and known != spec:
+            raise ValueError(
+                f"Two different feature specs are named {spec.name!r}: {known} and {spec}. "
+                "Feature names must be unique; rename one."
+            )
     return specs
 
 
@@ -111,6 +122,7 @@ def record_stack(
     stack_name: str,
     *,
     keep_suggested_coo_buffer_size: bool,
+    activation_mem_bytes_limit: int = native.DEFAULT_ACTIVATION_MEM_BYTES_LIMIT,
 ) -> None:
     """Write stack `stack_name` of a native plan into the compat specs of its features."""
     stack = plan.stacks[stack_name]
@@ -121,6 +133,7 @@ def record_stack(
         combiner=first.combiner, total_sample_count=stack.total_sample_count,
         max_ids_per_partition=stack.max_ids_per_partition,
         max_unique_ids_per_partition=stack.max_unique_ids_per_partition,
+        activation_mem_bytes_limit=activation_mem_bytes_limit,
         suggested_coo_buffer_size_per_device=(
             stack.suggested_coo_buffer_size_per_device if keep_suggested_coo_buffer_size else None
         ),
@@ -144,7 +157,7 @@ def record_stack(
 def stack_of(feature: FeatureSpec) -> StackedTableSpec:
     """The stacked spec a prepared feature's table belongs to (a clear error if unprepared)."""
     table = feature.table_spec
-    if not table.is_stacked() or feature._id_transformation is None:
+    if not table.is_stacked():
         raise ValueError(
             f"Feature {feature.name!r} (table {table.name!r}) has no stacking information. "
             "Call embedding.prepare_feature_specs_for_training(feature_specs, "
@@ -198,6 +211,7 @@ def build_plan(
     sc_per_device: int | None,
     local_devices: int | None = None,
     allow_id_dropping: bool = False,
+    enable_minibatching: bool = False,
 ) -> StackingPlan:
     """The native plan that the stacking recorded on the compat specs describes."""
     specs = feature_leaves(feature_specs)
@@ -228,7 +242,9 @@ def build_plan(
     }
     n = topo.num_partitions
     return StackingPlan(
-        topology=topo, config=native.SparseCoreConfig(allow_id_dropping=allow_id_dropping),
+        topology=topo,
+        config=native.SparseCoreConfig(allow_id_dropping=allow_id_dropping,
+                                       enable_minibatching=enable_minibatching),
         features={f.name: f for f in natives},
         tables={f.table.name: f.table for f in natives},
         stacks={name: _native_stack(st, fs, n) for name, (st, fs) in members.items()},

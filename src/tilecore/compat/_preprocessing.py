@@ -16,16 +16,12 @@ from ..preprocessing import (
 from ..stacking import StackingPlan
 
 
-def check_options(sharding_strategy: str, enable_minibatching: bool, feature: str) -> None:
+def check_options(sharding_strategy: str, what: str) -> None:
+    """The reference's one sharding strategy, MOD (any case), or a clear error."""
     if not isinstance(sharding_strategy, str) or sharding_strategy.upper() != "MOD":
         raise ValueError(
-            f"Unsupported sharding strategy: {sharding_strategy!r}. Only MOD is supported."
-        )
-    if enable_minibatching:
-        raise NotImplementedError(
-            f"{feature}: enable_minibatching=True is not supported by tilecore yet (issue "
-            "'Minibatching'). Preprocess without it, raising the limits instead (e.g. with "
-            "embedding.update_preprocessing_parameters), or set allow_id_dropping=True."
+            f"{what}: unsupported sharding strategy {sharding_strategy!r}; only MOD is "
+            "supported (tables are mod-sharded over devices × SparseCores)."
         )
 
 
@@ -36,6 +32,8 @@ def run(
     *,
     allow_id_dropping: bool,
     has_leading_dimension: bool,
+    batch_number: int = 0,
+    agreement: Any = None,
 ) -> tuple[PreprocessedBatch, PreprocessStats]:
     """tilecore's `preprocess`, except that a too-small suggested COO buffer drops, as in the reference.
 
@@ -44,8 +42,13 @@ def run(
     warning) even without `allow_id_dropping`. Compat keeps the reference's
     behaviour: it preprocesses with dropping on, raises `LimitExceededError` if a
     limit was exceeded, and otherwise warns about the overflow drops.
+
+    With minibatching (`plan.config.enable_minibatching`), `batch_number` and
+    `agreement` (how processes agree on the split; None: this process alone) go to
+    `tilecore.preprocess`.
     """
-    kwargs: dict[str, Any] = {"has_leading_dimension": has_leading_dimension}
+    kwargs: dict[str, Any] = {"has_leading_dimension": has_leading_dimension,
+                              "batch_number": batch_number, "agreement": agreement}
     has_suggested = any(
         s.suggested_coo_buffer_size_per_device is not None for s in plan.stacks.values()
     )

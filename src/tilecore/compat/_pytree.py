@@ -1,15 +1,17 @@
 """A tiny pytree flatten (dicts, lists, tuples, leaves) so compat need not import JAX.
 
 It follows `jax.tree` for the containers reference users pass: a `dict`'s keys
-are visited in sorted order (an `OrderedDict` keeps its insertion order), lists
-and tuples (named tuples included) in order, `None` is an empty subtree, and
-anything else (numpy arrays, specs) is a leaf.
+are visited in sorted order (an `OrderedDict` keeps its insertion order), and so
+are those of any other `Mapping` (`flax.core.FrozenDict`, which the reference's
+example configs return, flattens in sorted key order too); lists and tuples
+(named tuples included) in order, `None` is an empty subtree, and anything else
+(numpy arrays, specs) is a leaf.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 Path = tuple[object, ...]
@@ -19,7 +21,7 @@ def _children(tree: Any) -> list[tuple[object, Any]] | None:
     """`(key, child)` pairs of a container, or None for a leaf."""
     if isinstance(tree, OrderedDict):
         return list(tree.items())
-    if isinstance(tree, dict):
+    if isinstance(tree, Mapping):
         return [(key, tree[key]) for key in sorted(tree)]
     if isinstance(tree, list | tuple):
         return list(enumerate(tree))
@@ -77,9 +79,14 @@ def map_leaves(fn: Callable[[Any], Any], tree: Any) -> Any:
     children = _children(tree)
     if children is None:
         return fn(tree)
-    if isinstance(tree, dict):
+    if isinstance(tree, Mapping):
         mapped = {key: map_leaves(fn, child) for key, child in children}
-        return type(tree)(mapped) if isinstance(tree, OrderedDict) else mapped
+        if type(tree) is dict:
+            return mapped
+        try:  # OrderedDict, FrozenDict and other mappings built from a dict keep their type
+            return type(tree)(mapped)
+        except TypeError:
+            return mapped
     values = [map_leaves(fn, child) for _, child in children]
     if isinstance(tree, tuple) and hasattr(tree, "_fields"):  # a named tuple
         return type(tree)(*values)

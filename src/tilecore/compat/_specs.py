@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from ..specs import DEFAULT_ACTIVATION_MEM_BYTES_LIMIT
 from ._optimizers import CallableTableInitializer, OptimizerSpec
 
 _STACKING_ATTRIBUTES = frozenset(
@@ -83,6 +84,9 @@ class StackedTableSpec:
       max_ids_per_partition / max_unique_ids_per_partition: limits checked per
         (SparseCore, partition); update them with
         `embedding.update_preprocessing_parameters`.
+      activation_mem_bytes_limit: the activation memory per SparseCore that
+        `auto_stack_tables` kept the stack under (recorded; tilecore sizes nothing
+        from it after stacking).
       suggested_coo_buffer_size_per_device: COO buffer size per device, or None
         for the theoretical maximum.
       quantization_config: optional simulated quantization.
@@ -96,6 +100,7 @@ class StackedTableSpec:
     total_sample_count: int
     max_ids_per_partition: int = 256
     max_unique_ids_per_partition: int = 256
+    activation_mem_bytes_limit: int = DEFAULT_ACTIVATION_MEM_BYTES_LIMIT
     suggested_coo_buffer_size_per_device: int | None = None
     quantization_config: QuantizationConfig | None = None
 
@@ -209,8 +214,10 @@ class FeatureSpec:
 
     @property
     def id_transformation(self) -> FeatureIdTransformation:
-        """How this feature's IDs move into its stack (set by stacking)."""
-        assert self._id_transformation is not None, self.name
+        """How this feature's IDs move into its stack (set by stacking; until then the
+        identity: a feature alone in its table's own stack)."""
+        if self._id_transformation is None:
+            return FeatureIdTransformation()
         return self._id_transformation
 
     @id_transformation.setter

@@ -47,9 +47,9 @@ def single_axis(sharding_axis: Any, layer: str) -> str:
 def make_plan(feature_specs: Any, global_devices: int, num_sc_per_device: int | None,
               sharding_strategy: str, enable_minibatching: bool, layer: str) -> StackingPlan:
     """The native plan of the prepared compat feature specs for `global_devices`."""
-    check_options(sharding_strategy, enable_minibatching, layer)
+    check_options(sharding_strategy, layer)
     return build_plan(plain_specs(feature_specs), global_devices=global_devices,
-                      sc_per_device=num_sc_per_device)
+                      sc_per_device=num_sc_per_device, enable_minibatching=enable_minibatching)
 
 
 def native_batch(plan: StackingPlan, preprocessed: Any, layer: str) -> PreprocessedBatch:
@@ -62,7 +62,14 @@ def native_batch(plan: StackingPlan, preprocessed: Any, layer: str) -> Preproces
             f"describe stacks {sorted(plan.stacks)}; preprocess with this layer "
             "(layer.preprocess_inputs(...)) or with the same feature specs."
         )
-    return PreprocessedBatch(stacks={name: buffers(parts, name) for name in plan.stacks})
+    count = getattr(preprocessed, "num_minibatches", None)
+    if plan.config.enable_minibatching and count is None:
+        raise ValueError(
+            f"{layer}: the layer minibatches, so it needs the minibatch count: pass the "
+            "PreprocessedInput from layer.preprocess_inputs(...), not its sparse_dense_matmul_input."
+        )
+    return PreprocessedBatch(stacks={name: buffers(parts, name) for name in plan.stacks},
+                             num_minibatches=1 if count is None else count)
 
 
 def native_variables(variables: Mapping[str, Any]) -> dict[str, ops.EmbeddingVariables]:

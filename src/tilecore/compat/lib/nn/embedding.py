@@ -1,9 +1,9 @@
 """Reference-compatible entry points (`jax_tpu_embedding.sparsecore.lib.nn.embedding`).
 
-Port a reference script by changing its import to
-`from tilecore.compat import embedding, embedding_spec, table_stacking`.
-Names, arguments, defaults, return layouts and in-place updates follow the
-reference (v0.1.0); the work is done by tilecore's stacking, preprocessing and ops.
+Port a reference script by replacing `jax_tpu_embedding.sparsecore` with
+`tilecore.compat` in its imports. Names, arguments, defaults, return layouts and
+in-place updates follow the reference (0.2.0); the work is done by tilecore's
+stacking, preprocessing and ops.
 
 Differences worth knowing:
 - `num_sc_per_device=None` means 4 (tilecore's default logical SparseCores per
@@ -20,14 +20,18 @@ Differences worth knowing:
   raises instead.
 - `update_preprocessing_parameters` never sets a limit below 1 or a suggested
   buffer below `8·num_sc_per_device` (the reference can set 0).
-- `enable_minibatching=True` raises `NotImplementedError` (issue "Minibatching").
+- `enable_minibatching=True` splits a batch that exceeds the limits into
+  minibatches, with results identical to one pass with unlimited limits; across
+  processes the split is agreed through JAX's distributed runtime.
 - Device functions (`init_embedding_variables`, `tpu_sparse_dense_matmul`,
   `tpu_sparse_dense_matmul_grad`, `unstack_embedding_activations`,
   `stack_embedding_gradients`) run on any JAX backend over `tilecore.ops`. As in
   the reference they may be called per device inside `shard_map`; they also
   accept global arrays outside `shard_map` (see `tpu_sparse_dense_matmul`).
-  `label` and `use_*_primitive` are accepted and ignored; minibatching raises.
-- Checkpoint protos (`create_proto_from_feature_specs`, …) are not available yet.
+  `label` and `use_*_primitive` are accepted and ignored (XLA fuses that work).
+- Feature specs may come in any pytree of dicts, `Mapping`s (e.g. a
+  `flax.core.FrozenDict`), lists and tuples; a spec that appears twice is one
+  feature, as in the reference.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import numpy as np
 
 from .... import stacking as native_stacking
 from ....preprocessing import coo_buffer_size_per_device, row_pointers_size_per_device
+from ....preprocessing._limits import MINIBATCHING_FACTOR
 from ....stacking import round_up
 from ..._device_api import EmbeddingVariables as EmbeddingVariables
 from ..._device_api import init_embedding_variables as init_embedding_variables
@@ -97,29 +102,6 @@ __all__ = [
     "unstack_embedding_activations",
     "update_preprocessing_parameters",
 ]
-
-_NOT_YET = frozenset({
-    "create_proto_from_feature_specs", "get_optimizer_class", "get_optimizer_type",
-    "optimizer_spec_to_proto", "proto_to_optimizer_spec", "sharding_strategy_to_enum",
-})
-
-
-def __getattr__(name: str) -> Any:
-    if name in _NOT_YET:
-        raise AttributeError(
-            f"tilecore.compat.embedding.{name} is not available yet: compat covers specs, "
-            "stacking, preprocessing and the device functions; checkpoint protos come later."
-        )
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _no_minibatching(enable_minibatching: bool, what: str) -> None:
-    if enable_minibatching:
-        raise NotImplementedError(
-            f"{what}: enable_minibatching=True is not supported by tilecore yet (issue "
-            "'Minibatching')."
-        )
-
 
 def get_table_specs(feature_specs: Nested[FeatureSpec]) -> dict[str, TableSpec]:
     """Table name → TableSpec of every feature (duplicate names raise ValueError)."""
@@ -198,9 +180,9 @@ def compute_row_pointers_size_per_device(
     num_sc_per_device: int | None = None,
     enable_minibatching: bool = False,
 ) -> int:
-    """Row pointers per device: `max(N, 8)` per SparseCore."""
-    _no_minibatching(enable_minibatching, "compute_row_pointers_size_per_device")
-    return row_pointers_size_per_device(topology(global_device_count, num_sc_per_device))
+    """Row pointers per device: `max(N, 8)` per SparseCore (×64 with minibatching)."""
+    return row_pointers_size_per_device(topology(global_device_count, num_sc_per_device),
+                                        enable_minibatching=enable_minibatching)
 
 
 def compute_theoretical_max_coo_buffer_size(
@@ -210,10 +192,10 @@ def compute_theoretical_max_coo_buffer_size(
     enable_minibatching: bool = False,
 ) -> int:
     """COO entries per device when every partition of every SparseCore is full:
-    `roundup8(max_ids_per_partition)·S·N`."""
-    _no_minibatching(enable_minibatching, "compute_theoretical_max_coo_buffer_size")
+    `roundup8(max_ids_per_partition)·S·N` (×64 with minibatching: one per minibatch)."""
     topo = topology(global_device_count, num_sc_per_device)
-    return round_up(max_ids_per_partition, 8) * topo.sc_per_device * topo.num_partitions
+    factor = MINIBATCHING_FACTOR if enable_minibatching else 1
+    return round_up(max_ids_per_partition, 8) * topo.sc_per_device * topo.num_partitions * factor
 
 
 def compute_coo_buffer_size_per_device(
@@ -224,10 +206,10 @@ def compute_coo_buffer_size_per_device(
 ) -> dict[str, int]:
     """Stack name → COO buffer entries per device (the suggested size rounded up to
     `8·S`, else the theoretical maximum)."""
-    _no_minibatching(enable_minibatching, "compute_coo_buffer_size_per_device")
     plan = build_plan(feature_specs, global_devices=global_device_count,
                       sc_per_device=num_sc_per_device)
-    return {name: coo_buffer_size_per_device(stack, plan.topology)
+    return {name: coo_buffer_size_per_device(stack, plan.topology,
+                                             enable_minibatching=enable_minibatching)
             for name, stack in plan.stacks.items()}
 
 
@@ -256,16 +238,19 @@ def _preprocess(
     has_leading_dimension: bool,
     allow_id_dropping: bool,
     num_minibatches_dtype: Any,
+    minibatching: tuple[bool, int, Any] = (False, 0, None),
 ) -> tuple[PreprocessedInput, SparseDenseMatmulInputStats]:
+    enable_minibatching, batch_number, agreement = minibatching
     plan = build_plan(
         feature_specs, global_devices=global_device_count, sc_per_device=num_sc_per_device,
-        local_devices=local_device_count,
+        local_devices=local_device_count, enable_minibatching=enable_minibatching,
     )
     named = {spec.name: as_input(value) for spec, value in zip(specs, inputs, strict=True)}
     named_weights = (None if weights is None
                      else {spec.name: as_input(w) for spec, w in zip(specs, weights, strict=True)})
     batch, stats = run(plan, named, named_weights, allow_id_dropping=allow_id_dropping,
-                       has_leading_dimension=has_leading_dimension)
+                       has_leading_dimension=has_leading_dimension, batch_number=batch_number,
+                       agreement=agreement)
     return to_reference(batch, stats, local_device_count,
                         has_leading_dimension=has_leading_dimension,
                         num_minibatches_dtype=num_minibatches_dtype)
@@ -299,14 +284,20 @@ def preprocess_sparse_dense_matmul_input(
       sharding_strategy: only "MOD".
       has_leading_dimension: buffers shaped `(local_devices, size)` instead of flat.
       allow_id_dropping: drop IDs over the limits instead of raising.
-      batch_number: unused without minibatching (kept for signature compatibility).
-      enable_minibatching / all_reduce_interface: not supported yet.
+      batch_number: the batch's number, the same on every process (minibatching
+        agrees on each batch's split).
+      enable_minibatching: split a batch whose IDs exceed the limits into up to 64
+        minibatches (by hash bucket) instead of raising or dropping; the buffers are
+        sized for 64 minibatches (`compute_coo_buffer_size_per_device(...,
+        enable_minibatching=True)`).
+      all_reduce_interface: how processes agree on the split: None for one
+        process, or a `tilecore.distributed.DistributedAgreement` (what
+        `get_all_reduce_interface` returns) in a multi-process job.
 
     Returns:
       `(PreprocessedInput, SparseDenseMatmulInputStats)` laid out as the reference's.
     """
-    del batch_number, all_reduce_interface
-    check_options(sharding_strategy, enable_minibatching, "preprocess_sparse_dense_matmul_input")
+    check_options(sharding_strategy, "preprocess_sparse_dense_matmul_input")
     specs = feature_leaves(feature_specs)
     inputs = assert_same_structure(features, feature_specs, "features", "feature_specs")
     weights = None
@@ -317,6 +308,7 @@ def preprocess_sparse_dense_matmul_input(
     return _preprocess(
         inputs, weights, specs, feature_specs, local_device_count, global_device_count,
         num_sc_per_device, has_leading_dimension, allow_id_dropping, None,
+        (enable_minibatching, batch_number, all_reduce_interface),
     )
 
 
@@ -341,9 +333,7 @@ def preprocess_sparse_dense_matmul_input_from_sparse_tensor(
     Weights are always 1 (use `preprocess_sparse_dense_matmul_input` for weights);
     the other arguments are those of `preprocess_sparse_dense_matmul_input`.
     """
-    del batch_number, all_reduce_interface
-    check_options(sharding_strategy, enable_minibatching,
-                  "preprocess_sparse_dense_matmul_input_from_sparse_tensor")
+    check_options(sharding_strategy, "preprocess_sparse_dense_matmul_input_from_sparse_tensor")
     specs = feature_leaves(feature_specs)
     idx = assert_same_structure(indices, feature_specs, "indices", "feature_specs")
     vals = assert_same_structure(values, feature_specs, "values", "feature_specs")
@@ -353,6 +343,7 @@ def preprocess_sparse_dense_matmul_input_from_sparse_tensor(
     return _preprocess(
         inputs, None, specs, feature_specs, local_device_count, global_device_count,
         num_sc_per_device, has_leading_dimension, allow_id_dropping, np.int32,
+        (enable_minibatching, batch_number, all_reduce_interface),
     )
 
 
@@ -376,6 +367,7 @@ def eval_preprocess_sparse_dense_matmul_input_shape(
     )
     pointers = compute_row_pointers_size_per_device(
         global_device_count=global_device_count, num_sc_per_device=num_sc_per_device,
+        enable_minibatching=enable_minibatching,
     )
 
     def struct(size: int, dtype: Any) -> Any:

@@ -7,6 +7,7 @@ Mutable shells with the reference's field names and defaults; stacking fills
 work is done.
 """
 
+from ....specs import DEFAULT_ACTIVATION_MEM_BYTES_LIMIT as DEFAULT_ACTIVATION_MEM_BYTES_LIMIT
 from ..._optimizers import AdagradMomentumOptimizerSpec as AdagradMomentumOptimizerSpec
 from ..._optimizers import AdagradMomentumSlotVariables as AdagradMomentumSlotVariables
 from ..._optimizers import AdagradOptimizerSpec as AdagradOptimizerSpec
@@ -33,6 +34,7 @@ from ..._specs import TableSettingInStack as TableSettingInStack
 from ..._specs import TableSpec as TableSpec
 
 __all__ = [
+    "DEFAULT_ACTIVATION_MEM_BYTES_LIMIT",
     "AdagradMomentumOptimizerSpec",
     "AdagradMomentumSlotVariables",
     "AdagradOptimizerSpec",

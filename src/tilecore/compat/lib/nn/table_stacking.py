@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .... import stacking as native_stacking
-from ....specs import DEFAULT_ACTIVATION_MEM_BYTES_LIMIT
+from ....specs import DEFAULT_ACTIVATION_MEM_BYTES_LIMIT as DEFAULT_ACTIVATION_MEM_BYTES_LIMIT
 from ..._arrays import stack_and_shard_tables as stack_and_shard_tables
 from ..._arrays import unshard_and_unstack_tables as unshard_and_unstack_tables
 from ..._native import feature_leaves, native_features, record_stack, topology
@@ -35,6 +35,7 @@ LimitsCallable = Callable[[str, int], int]
 _log = logging.getLogger(__name__)
 
 __all__ = [
+    "DEFAULT_ACTIVATION_MEM_BYTES_LIMIT",
     "LimitsCallable",
     "StackedTableSpec",
     "TableSpec",
@@ -47,22 +48,6 @@ __all__ = [
     "stack_tables",
     "unshard_and_unstack_tables",
 ]
-
-
-_PROTO_DRIVEN = frozenset({
-    "stack_and_shard_feature_tables", "unstack_and_unshard_stacked_tables",
-    "get_row_ids_in_stacked_table", "get_row_ids_in_stacked_tables",
-})
-
-
-def __getattr__(name: str) -> Any:
-    if name in _PROTO_DRIVEN:
-        raise AttributeError(
-            f"tilecore.compat.table_stacking.{name} is not available yet: it reads checkpoint "
-            "protos, which come with checkpointing. Use stack_and_shard_tables / "
-            "unshard_and_unstack_tables with the TableSpecs instead."
-        )
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def get_default_limits(name: str, batch_size: int) -> int:
@@ -144,6 +129,8 @@ def stack_tables(
     stack_to_max_unique_ids_per_partition: LimitsCallable = get_default_limits,
     stack_name: str | None = None,
     fail_on_excess_padding: bool = False,
+    *,
+    activation_mem_bytes_limit: int = DEFAULT_ACTIVATION_MEM_BYTES_LIMIT,
 ) -> None:
     """Stack the tables `table_names` (in this order) into one stack, updating `features` in place.
 
@@ -151,7 +138,8 @@ def stack_tables(
     table k gets shard rotation `k·rotation mod N` (`rotation` defaults to
     `num_sc_per_device`). A multi-table stack takes its limits from
     `stack_to_max_ids_per_partition(stack_name, total_sample_count)` (and the
-    unique variant); a single table keeps its own limits.
+    unique variant); a single table keeps its own limits. `activation_mem_bytes_limit`
+    is recorded on the `StackedTableSpec`.
     """
     table_names = list(table_names)
     if not stack_name:
@@ -177,7 +165,8 @@ def stack_tables(
         rotation=rotation, stack_limits=limits, fail_on_excess_padding=fail_on_excess_padding,
     )
     # As in the reference, stack_tables does not carry a table's suggested COO size.
-    record_stack(specs, plan, stack_name, keep_suggested_coo_buffer_size=False)
+    record_stack(specs, plan, stack_name, keep_suggested_coo_buffer_size=False,
+                 activation_mem_bytes_limit=activation_mem_bytes_limit)
 
 
 def auto_stack_tables(
@@ -210,5 +199,5 @@ def auto_stack_tables(
             stack_to_max_ids_per_partition=stack_to_max_ids_per_partition,
             stack_to_max_unique_ids_per_partition=stack_to_max_unique_ids_per_partition,
             stack_name=native_stacking.stack_name_for(group, short=use_short_stack_names),
-            fail_on_excess_padding=False,
+            fail_on_excess_padding=False, activation_mem_bytes_limit=activation_mem_bytes_limit,
         )
