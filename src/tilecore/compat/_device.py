@@ -116,7 +116,10 @@ def buffers(parts: Any, name: str) -> StackBuffers:
 
 
 def flat_table(table: jax.Array) -> jax.Array:
-    """A table shard `[rows, dim]` (pmap-style `[1, rows, dim]` is accepted)."""
+    """A table shard `[rows, dim]`. Also accepted, as by the reference: pmap-style
+    `[1, rows, dim]`, and rank-1 `[rows]` tables of width 1 (updated in their shape)."""
+    if table.ndim == 1:
+        return table.reshape(-1, 1)
     return table.reshape(-1, table.shape[-1]) if table.ndim == 3 else table
 
 

@@ -14,11 +14,13 @@ from typing import Any
 
 from .. import specs as native
 from ..stacking import FeatureSetting, StackingPlan, StackSpec, TableSetting
+from ._fields import compat_kwargs, native_kwargs
 from ._optimizers import native_optimizer
 from ._pytree import leaves
 from ._specs import (
     FeatureIdTransformation,
     FeatureSpec,
+    QuantizationConfig,
     StackedTableSpec,
     TableSettingInStack,
     TableSpec,
@@ -73,26 +75,32 @@ def feature_leaves(feature_specs: Any) -> list[FeatureSpec]:
     return specs
 
 
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
 def _native_quantization(config: Any) -> native.QuantizationConfig | None:
     if config is None:
         return None
-    return native.QuantizationConfig(
-        min_value=float(config.min_value), max_value=float(config.max_value),
-        num_buckets=int(config.num_buckets),
-    )
+    return native.QuantizationConfig(**native_kwargs(native.QuantizationConfig, config, {
+        "min_value": float, "max_value": float, "num_buckets": int}))
+
+
+def _compat_quantization(config: native.QuantizationConfig | None) -> QuantizationConfig | None:
+    if config is None:
+        return None
+    return QuantizationConfig(**compat_kwargs(native.QuantizationConfig, config))
 
 
 def native_table(table: TableSpec) -> native.TableSpec:
-    suggested = table.suggested_coo_buffer_size_per_device
-    return native.TableSpec(
-        name=table.name, vocab_size=int(table.vocabulary_size),
-        embedding_dim=int(table.embedding_dim),
-        optimizer=native_optimizer(table.name, table.optimizer), combiner=table.combiner,  # type: ignore[arg-type]
-        initializer=table.initializer, max_ids_per_partition=int(table.max_ids_per_partition),
-        max_unique_ids_per_partition=int(table.max_unique_ids_per_partition),
-        suggested_coo_buffer_size_per_device=None if suggested is None else int(suggested),
-        quantization=_native_quantization(table.quantization_config),
-    )
+    """The frozen native spec of a compat table (its fields named by `_fields.RENAMED`)."""
+    return native.TableSpec(**native_kwargs(native.TableSpec, table, {
+        "vocab_size": int, "embedding_dim": int,
+        "optimizer": lambda opt: native_optimizer(table.name, opt),
+        "max_ids_per_partition": int, "max_unique_ids_per_partition": int,
+        "suggested_coo_buffer_size_per_device": _optional_int,
+        "quantization": _native_quantization,
+    }))
 
 
 def native_features(features: Iterable[FeatureSpec]) -> list[native.FeatureSpec]:
@@ -108,11 +116,15 @@ def native_features(features: Iterable[FeatureSpec]) -> list[native.FeatureSpec]
         if table.name not in tables:
             tables[table.name] = native_table(table)
         nt = tables[table.name]
-        output = [int(d) for d in feature.output_shape]
-        out.append(native.FeatureSpec(
-            name=feature.name, table=nt, input_shape=tuple(int(d) for d in feature.input_shape),
-            output_shape=(*output[:-1], nt.embedding_dim),
-        ))
+
+        def output_shape(shape: Any, width: int = nt.embedding_dim) -> tuple[int, ...]:
+            return (*(int(d) for d in list(shape)[:-1]), width)
+
+        out.append(native.FeatureSpec(**native_kwargs(native.FeatureSpec, feature, {
+            "table": lambda _, nt=nt: nt,
+            "input_shape": lambda shape: tuple(int(d) for d in shape),
+            "output_shape": output_shape,
+        })))
     return out
 
 
@@ -127,18 +139,12 @@ def record_stack(
     """Write stack `stack_name` of a native plan into the compat specs of its features."""
     stack = plan.stacks[stack_name]
     first = next(f.table_spec for f in features if f.table_spec.name in stack.table_names)
-    stacked = StackedTableSpec(
-        stack_name=stack.name, stack_vocab_size=stack.vocab_size,
-        stack_embedding_dim=stack.embedding_dim, optimizer=first.optimizer,
-        combiner=first.combiner, total_sample_count=stack.total_sample_count,
-        max_ids_per_partition=stack.max_ids_per_partition,
-        max_unique_ids_per_partition=stack.max_unique_ids_per_partition,
-        activation_mem_bytes_limit=activation_mem_bytes_limit,
-        suggested_coo_buffer_size_per_device=(
-            stack.suggested_coo_buffer_size_per_device if keep_suggested_coo_buffer_size else None
-        ),
-        quantization_config=first.quantization_config,
-    )
+    fields = compat_kwargs(StackSpec, stack, {"quantization": _compat_quantization})
+    # The optimizer shell is the user's own (native specs hold the frozen conversion).
+    fields["optimizer"] = first.optimizer
+    if not keep_suggested_coo_buffer_size:
+        fields["suggested_coo_buffer_size_per_device"] = None
+    stacked = StackedTableSpec(**fields, activation_mem_bytes_limit=activation_mem_bytes_limit)
     for feature in features:
         if feature.name not in stack.feature_names:
             continue
@@ -189,14 +195,10 @@ def _native_stack(
             f"split over N={n} SparseCores; it was stacked for another topology. Stack again."
         )
     return StackSpec(
-        name=stacked.stack_name, vocab_size=stacked.stack_vocab_size,
-        embedding_dim=stacked.stack_embedding_dim,
-        optimizer=native_optimizer(stacked.stack_name, stacked.optimizer),
-        combiner=stacked.combiner, quantization=_native_quantization(stacked.quantization_config),
-        total_sample_count=stacked.total_sample_count,
-        max_ids_per_partition=stacked.max_ids_per_partition,
-        max_unique_ids_per_partition=stacked.max_unique_ids_per_partition,
-        suggested_coo_buffer_size_per_device=stacked.suggested_coo_buffer_size_per_device,
+        **native_kwargs(StackSpec, stacked, {
+            "optimizer": lambda opt: native_optimizer(stacked.stack_name, opt),
+            "quantization": _native_quantization,
+        }),
         table_names=tuple(sorted(tables, key=lambda t: tables[t].setting_in_stack.row_offset_in_shard)),
         feature_names=tuple(
             f.name for f in sorted(members, key=lambda f: f.id_transformation.row_offset)
