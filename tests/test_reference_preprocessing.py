@@ -16,9 +16,9 @@ import pathlib
 
 import numpy as np
 import pytest
+
 from _reference_peer import ROOT, requires_reference, run_reference
 from test_compat import FIXTURE_CASES, FIXTURES, fixture_call, fixture_specs
-
 from tilecore.compat import embedding
 
 pytestmark = requires_reference
