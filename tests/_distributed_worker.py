@@ -20,7 +20,6 @@ PARTS is a comma-separated subset of `ops,minibatching,agreement`. It ends with
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import os
 import sys
@@ -47,11 +46,6 @@ every process compiles the ops for every case."""
 MINIBATCH_LIMIT = 6
 """Per-partition limits of the minibatching case: small enough to force 4-5 minibatches
 per step, large enough for every single hash bucket."""
-
-
-def supports_minibatching() -> bool:
-    """Whether `tc.preprocess` takes an agreement (host minibatching has landed)."""
-    return "agreement" in inspect.signature(tc.preprocess).parameters
 
 
 def multi_process_plan(case: Case, minibatching: bool = False) -> tc.StackingPlan:
@@ -188,7 +182,7 @@ def main(process_id: int, num_processes: int, port: int, out: Path, parts: list[
     mesh = jax.make_mesh((jax.device_count(),), (AXIS,))
     if "ops" in parts:
         run_ops("plain", OPS_CASE, mesh, out)
-    if "minibatching" in parts and supports_minibatching():
+    if "minibatching" in parts:
         run_ops("minibatching", OPS_CASE, mesh, out, minibatching=True)
     ops_done = time.monotonic()
     if "agreement" in parts:

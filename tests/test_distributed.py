@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 import tilecore as tc
-from _distributed_worker import MINIBATCH_LIMIT, OPS_CASE, STEPS, supports_minibatching
+from _distributed_worker import MINIBATCH_LIMIT, OPS_CASE, STEPS
 from _ops_cases import Run, assert_close, run_steps, unshard_state
 
 WORKER = Path(__file__).with_name("_distributed_worker.py")
@@ -168,8 +168,6 @@ def test_minibatched_ops_equal_single_pass(launch: Launched, single_process: Run
     processes, out, parts, _ = launch
     if "minibatching" not in parts:
         pytest.skip("minibatching runs in the first 2-process launch only (compile time)")
-    if not supports_minibatching():
-        pytest.skip("tc.preprocess takes no agreement yet (host minibatching not landed)")
     per_process = _ops(out, "minibatching", processes)
     plan = OPS_CASE.plan(4).with_config(enable_minibatching=True)
     for stack in plan.stacks:

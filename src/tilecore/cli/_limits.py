@@ -25,8 +25,9 @@ def add_parser(subparsers: Any) -> None:
             "unique IDs per partition (max over batches), the current and recommended limits "
             "(recommended = observed maxima; COO buffer = largest per-SparseCore need x S), the "
             "HBM-stack estimates, the padding overhead, an ESTIMATE of the minibatches the "
-            "current limits would need (minibatching is not implemented yet) and the IDs the "
-            "current limits would drop with dropping allowed."
+            "current limits would need (the power of two covering observed/limit; training "
+            "with minibatching reports the actual counts) and the IDs the current limits "
+            "would drop with dropping allowed."
         ),
     )
     p.add_argument("--workload", default="criteo", choices=sorted(data.WORKLOADS),

@@ -1,8 +1,9 @@
 """What `tilecore limits` measures: per-stack statistics over many batches, and a report.
 
-Host-side only (numpy and the preprocessing API; no JAX). Minibatching does not
-exist yet, so "minibatches needed" is the seed's rule applied to the observed
-maxima — an estimate of what the current limits would need.
+Host-side only (numpy and the preprocessing API; no JAX). "Minibatches needed" is
+the seed's rule applied to the observed maxima — an estimate of what the current
+limits would need, without preprocessing every batch again with minibatching on
+(training with minibatching reports the actual per-step counts).
 """
 
 from __future__ import annotations
