@@ -3,7 +3,9 @@
 File names are `fdo_stats_<process_index>_<time_ns>.<ext>`; each holds, per stack,
 the keys `<stack>_max_ids`, `<stack>_max_unique_ids`, `<stack>_required_buffer_size`
 and `<stack>_id_drop_counters`, each a 2-D int64 array with one row per recorded
-step (`[steps, N]`, `[steps, N]`, `[steps, S]`, `[steps, 1]`).
+step (`[steps, N]`, `[steps, N]`, `[steps, S]`, `[steps, 1]`). Files in the
+layouts of jax-tpu-embedding 0.2.0's clients (0-d and 1-d arrays) load too; the
+formats themselves live in `_formats`.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ import numpy as np
 
 from ..preprocessing import PreprocessStats
 from ._client import FdoClient
+from ._formats import SUFFIXES
 
-FIELDS = ("max_ids", "max_unique_ids", "required_buffer_size", "id_drop_counters")
+FIELDS = tuple(suffix[1:] for suffix in SUFFIXES)
 """Key suffixes (after `<stack>_`), in the order they are written."""
 
 _PREFIX = "fdo_stats"
@@ -138,24 +141,14 @@ class FileFdoClient(FdoClient):
                   for stack in self._history["max_ids"] for field in FIELDS}
         if not arrays:
             raise ValueError("publish: nothing recorded yet; call record(stats) first.")
-        self.base_dir.mkdir(parents=True, exist_ok=True)
-        self._last_time_ns = max(time.time_ns(), self._last_time_ns + 1)
-        path = self.base_dir / f"{_PREFIX}_{self.process_index}_{self._last_time_ns}.{self.extension}"
-        _write_atomically(path, lambda f: self._write(f, arrays))
+        path, self._last_time_ns = publish_file(
+            self.base_dir, self.process_index, self.extension, self._last_time_ns,
+            lambda f: self._write(f, arrays))
         return path
 
     def latest_files(self) -> list[Path]:
         """The newest file of each process in `base_dir`, by process index."""
-        pattern = re.compile(rf"{_PREFIX}_(\d+)_(\d+)\.{re.escape(self.extension)}")
-        latest: dict[int, tuple[int, Path]] = {}
-        if self.base_dir.is_dir():
-            for entry in self.base_dir.iterdir():
-                match = pattern.fullmatch(entry.name)
-                if match:
-                    process, stamp = int(match[1]), int(match[2])
-                    if process not in latest or stamp > latest[process][0]:
-                        latest[process] = (stamp, entry)
-        return [latest[p][1] for p in sorted(latest)]
+        return latest_files(self.base_dir, self.extension)
 
     def load(self) -> PreprocessStats:
         """The maximum over the latest file of every process and over their steps.
@@ -204,6 +197,34 @@ class FileFdoClient(FdoClient):
         )
 
 
+def publish_file(base_dir: Path, process_index: int, extension: str, last_time_ns: int,
+                 write: Callable[[IO[bytes]], None]) -> tuple[Path, int]:
+    """Write `fdo_stats_<process_index>_<time_ns>.<extension>` in `base_dir` atomically.
+
+    `time_ns` is the clock, or `last_time_ns + 1` when the clock has not moved on,
+    so each publish is a newer file. Returns the path and its `time_ns`.
+    """
+    base_dir.mkdir(parents=True, exist_ok=True)
+    stamp = max(time.time_ns(), last_time_ns + 1)
+    path = base_dir / f"{_PREFIX}_{process_index}_{stamp}.{extension}"
+    _write_atomically(path, write)
+    return path, stamp
+
+
+def latest_files(base_dir: Path, extension: str) -> list[Path]:
+    """The newest `fdo_stats_<process>_<time_ns>.<extension>` of each process, by process."""
+    pattern = re.compile(rf"{_PREFIX}_(\d+)_(\d+)\.{re.escape(extension)}")
+    latest: dict[int, tuple[int, Path]] = {}
+    if base_dir.is_dir():
+        for entry in base_dir.iterdir():
+            match = pattern.fullmatch(entry.name)
+            if match:
+                process, stamp = int(match[1]), int(match[2])
+                if process not in latest or stamp > latest[process][0]:
+                    latest[process] = (stamp, entry)
+    return [latest[p][1] for p in sorted(latest)]
+
+
 def _write_atomically(path: Path, write: Callable[[IO[bytes]], None]) -> None:
     """Write to a hidden temporary file in the same directory, then rename it into place."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -219,13 +240,18 @@ def _write_atomically(path: Path, write: Callable[[IO[bytes]], None]) -> None:
 
 
 def check_table(arrays: Mapping[str, np.ndarray], path: Path) -> Arrays:
-    """Every array 2-D and integer, as int64 (else a ValueError naming the file and key)."""
+    """The checked arrays of a file as `[steps, width]` int64.
+
+    The 0.2.0 layouts are accepted too: a 0-d array (one step's drop count) is
+    `[1, 1]`, a 1-d array (one step) `[1, width]`.
+    """
     out: Arrays = {}
     for key, value in arrays.items():
-        if value.ndim != 2 or value.shape[0] < 1 or not np.issubdtype(value.dtype, np.integer):
+        if value.ndim > 2 or (value.ndim == 2 and value.shape[0] < 1):
             raise ValueError(
-                f"FDO file {path}: {key} has shape {value.shape} and dtype {value.dtype}; "
-                "expected a 2-D integer array with one row per step. The file is corrupt."
+                f"FDO file {path}: {key} has shape {value.shape}; expected one row per step. "
+                "The file is corrupt."
             )
-        out[key] = value.astype(np.int64, copy=False)
+        out[key] = value.reshape(-1, value.shape[-1] if value.ndim else 1).astype(
+            np.int64, copy=False)
     return out

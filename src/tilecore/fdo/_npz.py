@@ -5,10 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import IO
 
-import numpy as np
-from numpy.lib.npyio import NpzFile
-
 from ._files import Arrays, FileFdoClient, check_table
+from ._formats import read_npz, write_npz
 
 
 class NpzFdoClient(FileFdoClient):
@@ -27,13 +25,7 @@ class NpzFdoClient(FileFdoClient):
     extension = "npz"
 
     def _write(self, file: IO[bytes], arrays: Arrays) -> None:
-        # Keys end with a field suffix, so none is savez's own `allow_pickle` keyword.
-        np.savez(file, **arrays)  # pyright: ignore[reportArgumentType]
+        write_npz(file, arrays)
 
     def _read(self, path: Path) -> Arrays:
-        with open(path, "rb") as file:  # np.load(path) leaks the handle on a bad zip
-            data = np.load(file, allow_pickle=False)
-            if not isinstance(data, NpzFile):
-                raise ValueError(f"FDO file {path} is not an .npz archive.")
-            with data:
-                return check_table({key: data[key] for key in data.files}, path)
+        return check_table(read_npz(path), path)
