@@ -43,6 +43,26 @@ def summed_table_limits(tables: Sequence[TableSpec]) -> tuple[int, int, int | No
     )
 
 
+def place_tables(
+    name: str, padded_vocabs: Mapping[str, int], stack_dim: int, num_partitions: int,
+    rotation: int,
+) -> dict[str, TableSetting]:
+    """Settings of the tables of stack `name`, stacked in `padded_vocabs` order.
+
+    Table k gets rotation `k·rotation mod N` and starts, in every shard, after the
+    `padded_vocab / N` rows of each of tables 0..k−1.
+    """
+    settings: dict[str, TableSetting] = {}
+    offset = 0
+    for k, (table, vocab) in enumerate(padded_vocabs.items()):
+        settings[table] = TableSetting(
+            stack_name=name, padded_vocab_size=vocab, padded_embedding_dim=stack_dim,
+            row_offset_in_shard=offset, shard_rotation=(k * rotation) % num_partitions,
+        )
+        offset += vocab // num_partitions
+    return settings
+
+
 def build_stack(
     name: str,
     tables: Sequence[TableSpec],
@@ -84,15 +104,10 @@ def build_stack(
     rotation = topology.sc_per_device if rotation is None else rotation
     stack_dim = max(dims)
 
-    table_settings: dict[str, TableSetting] = {}
-    offset = 0
-    for k, table in enumerate(tables):
-        vocab = padded_vocab(table, topology)
-        table_settings[table.name] = TableSetting(
-            stack_name=name, padded_vocab_size=vocab, padded_embedding_dim=stack_dim,
-            row_offset_in_shard=offset, shard_rotation=(k * rotation) % n,
-        )
-        offset += vocab // n
+    table_settings = place_tables(
+        name, {t.name: padded_vocab(t, topology) for t in tables}, stack_dim, n, rotation
+    )
+    offset = sum(s.padded_vocab_size for s in table_settings.values()) // n
 
     by_name = {f.name: (table.name, f) for table in tables for f in features_by_table[table.name]}
     feature_settings: dict[str, FeatureSetting] = {}

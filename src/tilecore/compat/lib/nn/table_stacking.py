@@ -24,6 +24,13 @@ from ....specs import DEFAULT_ACTIVATION_MEM_BYTES_LIMIT as DEFAULT_ACTIVATION_M
 from ..._arrays import stack_and_shard_tables as stack_and_shard_tables
 from ..._arrays import unshard_and_unstack_tables as unshard_and_unstack_tables
 from ..._native import feature_leaves, native_features, record_stack, topology
+from ..._proto_rows import get_row_ids_in_stacked_table as get_row_ids_in_stacked_table
+from ..._proto_rows import get_row_ids_in_stacked_tables as get_row_ids_in_stacked_tables
+from ..._proto_tables import compute_table_to_setting_in_stack as compute_table_to_setting_in_stack
+from ..._proto_tables import stack_and_shard_feature_tables as stack_and_shard_feature_tables
+from ..._proto_tables import (
+    unstack_and_unshard_stacked_tables as unstack_and_unshard_stacked_tables,
+)
 from ..._pytree import leaves
 from ..._specs import FeatureSpec
 from ..._specs import StackedTableSpec as StackedTableSpec
@@ -41,12 +48,17 @@ __all__ = [
     "TableSpec",
     "auto_stack_tables",
     "compute_physical_row_ids",
+    "compute_table_to_setting_in_stack",
     "get_default_limits",
+    "get_row_ids_in_stacked_table",
+    "get_row_ids_in_stacked_tables",
     "get_table_stacks",
     "round_up_dim_and_vocab_size",
+    "stack_and_shard_feature_tables",
     "stack_and_shard_tables",
     "stack_tables",
     "unshard_and_unstack_tables",
+    "unstack_and_unshard_stacked_tables",
 ]
 
 
