@@ -48,6 +48,8 @@ OPTIMIZERS: dict[str, tc.OptimizerSpec] = {
                               beta=0.1, initial_linear_value=0.1,
                               multiply_linear_by_learning_rate=True),
     "laprop": tc.LaProp(learning_rate=0.01, initial_slot_value=0.05),
+    "f2a": tc.F2A(learning_rate=0.05, rho=0.5, l1_regularization_strength=0.01,
+                  l2_regularization_strength=0.01, initial_local_step_value=1.0),
     "custom": tc.CustomOptimizer(update_fn=_custom_rule, learning_rate=0.1,
                                  slot_initial_value_tuple=(0.25,), extra_hyperparameters=(0.5,)),
 }

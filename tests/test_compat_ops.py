@@ -36,6 +36,7 @@ OPTIMIZERS = {
     "adagrad": lambda: embedding_spec.AdagradOptimizerSpec(learning_rate=0.5),
     "adam": lambda: embedding_spec.AdamOptimizerSpec(learning_rate=0.1),
     "laprop": lambda: embedding_spec.LaPropOptimizerSpec(learning_rate=0.1),
+    "f2a": lambda: embedding_spec.F2AOptimizerSpec(learning_rate=0.1),
 }
 
 
@@ -153,7 +154,8 @@ def test_ported_script_matches_native_api(optimizer: str) -> None:
         changed = np.any(v.table != compat["initial"][name].table, axis=1)
         assert 0 < changed.sum() < len(changed), name
         slot_type = {"sgd": "SGDSlotVariables", "adagrad": "AdagradSlotVariables",
-                     "adam": "AdamSlotVariables", "laprop": "LaPropSlotVariables"}[optimizer]
+                     "adam": "AdamSlotVariables", "laprop": "LaPropSlotVariables",
+                     "f2a": "F2ASlotVariables"}[optimizer]
         assert type(v.slot).__name__ == slot_type
 
 

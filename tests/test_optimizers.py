@@ -48,9 +48,15 @@ SPECS: dict[str, tc.OptimizerSpec] = {
     "laprop": tc.LaProp(),
     "laprop-custom": tc.LaProp(learning_rate=0.02, b1=0.5, b2=0.8, eps=1e-8,
                                initial_slot_value=0.1),
+    "f2a": tc.F2A(),
+    "f2a-regularized": tc.F2A(learning_rate=0.05, rho=0.7, l1_regularization_strength=0.01,
+                              l2_regularization_strength=0.02, initial_accumulator_value=0.3,
+                              initial_local_step_value=2.0),
+    "f2a-capped": tc.F2A(learning_rate=_schedule, rho=1.0, max_lr_multiplier=3.0),
 }
 STEPS = (0, 1, 2, 7, 1000)
 POSITIVE_SLOTS = frozenset({"accumulator", "velocity", "nu"})
+COUNT_SLOTS = frozenset({"local_step"})  # F2A: how often each row was updated
 RTOL, ATOL = 1e-5, 1e-6
 
 
@@ -60,6 +66,7 @@ def random_state(spec: tc.OptimizerSpec, rng: np.random.Generator, shape: tuple[
     row = rng.normal(size=shape).astype(np.float32)
     slots = tuple(
         (rng.uniform(0.05, 2.0, size=shape) if name in POSITIVE_SLOTS
+         else rng.integers(0, 20, size=shape) if name in COUNT_SLOTS
          else rng.normal(size=shape)).astype(np.float32)
         for name in spec.slot_names
     )
@@ -121,6 +128,28 @@ def test_rule_matches_oracle_over_steps(name: str, mode: str) -> None:
     if mode != "host":
         assert (at_traced_step if mode == "traced-step" else with_traced_hyperparameters
                 )._cache_size() == 1  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def test_f2a_hand_checked_values() -> None:
+    """One row, worked by hand: n' = 4, f = min((16/4)^0.5, cap), a' = 0.1 + 0.25 = 0.35,
+    w' = 1 − 0.1·(f·0.5/√0.35 + 0.01·sign(1) + 0.02·1)."""
+    grad, row, acc, local = (np.array([[v]], np.float32) for v in (0.5, 1.0, 0.1, 3.0))
+    for cap, boost in ((1e6, 2.0), (1.5, 1.5)):
+        spec = tc.F2A(learning_rate=0.1, rho=0.5, l1_regularization_strength=0.01,
+                      l2_regularization_strength=0.02, max_lr_multiplier=cap)
+        new_row, new_acc, new_local = update_rule(spec)(grad, row, acc, local,
+                                                        *spec.hyperparameters(16))
+        want = 1.0 - 0.1 * (boost * 0.5 / np.sqrt(0.35) + 0.01 + 0.02)
+        np.testing.assert_allclose(np.asarray(new_row), [[want]], rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(new_acc), [[0.35]], rtol=1e-6)
+        np.testing.assert_array_equal(np.asarray(new_local), [[4.0]])
+    assert want == pytest.approx(0.87023, abs=1e-5)  # the capped case, 1.5 instead of 2
+    # Step 0 counts as 1: a row seen for the first time gets no boost (f = (1/1)^rho).
+    spec = tc.F2A(learning_rate=0.1)
+    new_row, *_ = update_rule(spec)(grad, row, acc, np.zeros_like(local),
+                                    *spec.hyperparameters(0))
+    np.testing.assert_allclose(np.asarray(new_row), [[1.0 - 0.1 * 0.5 / np.sqrt(0.35)]],
+                               rtol=1e-6)
 
 
 def test_ftrl_l1_zeroes_some_weights_but_not_all() -> None:

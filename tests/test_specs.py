@@ -168,6 +168,11 @@ def test_optimizer_defaults_follow_the_reference() -> None:
             ftrl.multiply_linear_by_learning_rate) == (0.01, -0.5, 0.1, False)
     laprop = tc.LaProp()
     assert (laprop.b1, laprop.b2, laprop.eps, laprop.rms_clip_threshold) == (0.9, 0.95, 1e-30, None)
+    f2a = tc.F2A()
+    assert (f2a.learning_rate, f2a.rho, f2a.initial_accumulator_value,
+            f2a.initial_local_step_value, f2a.l1_regularization_strength,
+            f2a.l2_regularization_strength, f2a.max_lr_multiplier) == (
+        0.01, 0.5, 0.1, 0.0, 0.0, 0.0, 1e6)
 
 
 def test_slots() -> None:
@@ -178,6 +183,8 @@ def test_slots() -> None:
     assert tc.FTRL().slot_names == ("accumulator", "linear")
     assert tc.FTRL().slot_initial_values() == (0.1, 0.0)
     assert tc.LaProp(initial_slot_value=0.2).slot_initial_values() == (0.2, 0.2)
+    assert tc.F2A().slot_names == ("accumulator", "local_step")
+    assert tc.F2A(initial_local_step_value=3.0).slot_initial_values() == (0.1, 3.0)
     custom = tc.CustomOptimizer(update_fn=lambda *a: a, slot_initial_value_tuple=(1.0, 2.0))
     assert custom.slot_names == ("slot_0", "slot_1")
     assert custom.slot_initial_values() == (1.0, 2.0)
@@ -192,6 +199,9 @@ def test_hyperparameters() -> None:
     assert tc.LaProp().hyperparameters(0)[2] == 0.0  # the decay is 0 at step 0
     assert tc.LaProp().hyperparameters(3)[2] == pytest.approx(
         0.95 * (1 - 0.95**3) / (1 - 0.95**4))
+    # F2A: the reference's order, the global step last.
+    assert tc.F2A(rho=0.3, max_lr_multiplier=5.0).hyperparameters(7) == (
+        0.01, 0.3, 0.0, 0.0, 5.0, 7)
 
 
 @pytest.mark.parametrize(("make", "match"), [
@@ -218,6 +228,11 @@ def test_hyperparameters() -> None:
     (lambda: tc.LaProp(b1=1.0), r"LaProp: b1 must be in \[0, 1\)"),
     (lambda: tc.LaProp(b2=1.5), r"LaProp: b2 must be in \[0, 1\)"),
     (lambda: tc.LaProp(eps=0.0), "LaProp: eps"),
+    (lambda: tc.F2A(rho=float("nan")), "F2A: rho must be a finite number"),
+    (lambda: tc.F2A(l1_regularization_strength=-0.1), "F2A: l1_regularization_strength"),
+    (lambda: tc.F2A(initial_local_step_value=-1.0), "F2A: initial_local_step_value"),
+    (lambda: tc.F2A(initial_accumulator_value=0.0), "F2A: initial_accumulator_value"),
+    (lambda: tc.F2A(max_lr_multiplier=0.0), "F2A: max_lr_multiplier"),
     (lambda: tc.CustomOptimizer(update_fn=lambda *a: a, slot_initial_value_tuple=(float("inf"),)),
      "CustomOptimizer: slot_initial_value_tuple"),
 ])

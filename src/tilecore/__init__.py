@@ -19,6 +19,7 @@ from .preprocessing import coo_buffer_size_per_device as coo_buffer_size_per_dev
 from .preprocessing import preprocess as preprocess
 from .preprocessing import row_pointers_size_per_device as row_pointers_size_per_device
 from .preprocessing import update_preprocessing_parameters as update_preprocessing_parameters
+from .specs import F2A as F2A
 from .specs import FTRL as FTRL
 from .specs import SGD as SGD
 from .specs import Adagrad as Adagrad
@@ -43,6 +44,7 @@ from .stacking import stack_tables as stack_tables
 __version__ = "0.1.0"
 
 __all__ = [
+    "F2A",
     "FTRL",
     "SGD",
     "Adagrad",

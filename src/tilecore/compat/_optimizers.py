@@ -2,24 +2,25 @@
 
 Argument names, defaults and slot names follow `jax_tpu_embedding`'s
 `embedding_spec`; `to_native()` gives the equivalent `tilecore` optimizer spec,
-which is what stacking, preprocessing and (later) the device update read.
+which is what stacking, preprocessing and the device update read. The base class
+and `CustomOptimizerSpec` live in their own modules and are re-exported here.
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
-import inspect
-from collections.abc import Callable
-from typing import Any, ClassVar, cast
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from .. import specs as native
+from ._custom_optimizer import CustomOptimizerSpec as CustomOptimizerSpec
+from ._optimizer_base import CallableTableInitializer as CallableTableInitializer
+from ._optimizer_base import HyperParameterType as HyperParameterType
+from ._optimizer_base import OptimizerSpec as OptimizerSpec
+from ._optimizer_base import as_float32
+from ._placeholder import CallablePlaceholder as CallablePlaceholder
 
-HyperParameterType = Callable[[Any], Any] | float
-CallableTableInitializer = Callable[..., Any]
-"""`init(key, shape, dtype) -> array` (a `jax.nn.initializers` initializer)."""
+if TYPE_CHECKING:
+    import jax
 
 SGDSlotVariables = collections.namedtuple("SGDSlotVariables", [])
 AdagradSlotVariables = collections.namedtuple("AdagradSlotVariables", ["accumulator"])
@@ -30,124 +31,6 @@ AdagradMomentumSlotVariables = collections.namedtuple(
 FTRLSlotVariables = collections.namedtuple("FtrlSlotVariables", ["accumulator", "linear"])
 LaPropSlotVariables = collections.namedtuple("LaPropSlotVariables", ["mu", "nu"])
 F2ASlotVariables = collections.namedtuple("F2ASlotVariables", ["accumulator", "local_step"])
-
-
-def _schedule_arity(fn: Callable[..., Any]) -> int:
-    """Positional parameters a learning-rate callable takes (bound `self` excluded)."""
-    try:
-        parameters = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):  # builtins without a signature: assume `step`
-        return 1
-    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    return sum(1 for p in parameters if p.kind in kinds and p.default is inspect.Parameter.empty)
-
-
-@dataclasses.dataclass(frozen=True)
-class _NoArgSchedule:
-    """A learning rate `fn()` seen as a schedule of the step (the step is ignored)."""
-
-    fn: Callable[[], Any]
-
-    def __call__(self, step: int) -> float:
-        del step
-        return float(self.fn())
-
-
-def _native_learning_rate(owner: str, learning_rate: Any) -> native.LearningRate:
-    if not callable(learning_rate):
-        return float(learning_rate)
-    arity = _schedule_arity(learning_rate)
-    if arity == 0:
-        return _NoArgSchedule(learning_rate)
-    if arity == 1:
-        return cast(native.LearningRate, learning_rate)
-    raise ValueError(
-        f"{owner}: a learning-rate callable must take no argument or one (the step); "
-        f"{learning_rate!r} takes {arity}."
-    )
-
-
-def _constant_of(owner: str, initializer: Any) -> float:
-    """The constant a slot initializer fills with (a float, or `jax.nn.initializers.constant`)."""
-    if not callable(initializer):
-        return float(initializer)
-    values = np.asarray(initializer(None, (8,), np.float32))
-    if values.size == 0 or not np.all(values == values.flat[0]):
-        raise ValueError(
-            f"{owner}: tilecore slot variables start from a constant; the slot initializer "
-            f"{initializer!r} is not constant. Use jax.nn.initializers.constant(value) or a float."
-        )
-    return float(values.flat[0])
-
-
-class OptimizerSpec:
-    """Base of the reference-style optimizer specs.
-
-    Attributes:
-      learning_rate: a float, or a callable of no argument or of the step.
-    """
-
-    _fields: ClassVar[tuple[str, ...]] = ()
-    _short_name: ClassVar[str] = "optimizer"
-
-    def __init__(self, learning_rate: Any = 0.001) -> None:
-        self.learning_rate = learning_rate
-
-    def _params(self) -> tuple[Any, ...]:
-        return (self.learning_rate, *(getattr(self, f) for f in self._fields))
-
-    def __hash__(self) -> int:
-        return hash((type(self).__name__, *self._params()))
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and self._params() == other._params()  # type: ignore[attr-defined]
-
-    def __repr__(self) -> str:
-        args = ", ".join(
-            f"{name}={getattr(self, name)!r}" for name in ("learning_rate", *self._fields)
-        )
-        return f"{type(self).__name__}({args})"
-
-    def short_name(self) -> str:
-        """Identifier used in variable names (`sgd`, `adagrad`, …)."""
-        return self._short_name
-
-    def get_learning_rate(self, step: int | None = None) -> np.float32:
-        """The learning rate at `step` (a callable of the step needs one)."""
-        if not callable(self.learning_rate):
-            return np.float32(self.learning_rate)
-        lr = cast(Callable[..., Any], self.learning_rate)
-        if _schedule_arity(lr) == 0:
-            return np.float32(lr())
-        if step is None:
-            raise ValueError(
-                f"Specified learning rate callable {lr} requires a `step` argument to be specified."
-            )
-        return np.float32(lr(step))
-
-    def slot_variables_initializers(self) -> tuple[CallableTableInitializer, ...]:
-        """Initializers of the slot variables (`jax.nn.initializers.constant`), in order."""
-        import jax  # deferred: only device-side code needs JAX initializers
-
-        values = self.to_native().slot_initial_values()
-        return tuple(jax.nn.initializers.constant(v) for v in values)
-
-    def slot_variables_count(self) -> int:
-        return len(self.to_native().slot_names)
-
-    def to_native(self) -> native.OptimizerSpec:
-        """The equivalent frozen `tilecore` optimizer spec."""
-        raise NotImplementedError
-
-    def _native_kwargs(self) -> dict[str, Any]:
-        owner = type(self).__name__
-        kwargs: dict[str, Any] = {
-            "learning_rate": _native_learning_rate(owner, self.learning_rate)
-        }
-        for name in self._fields:
-            value = getattr(self, name)
-            kwargs[name] = value if isinstance(value, bool | None) else float(value)
-        return kwargs
 
 
 class SGDOptimizerSpec(OptimizerSpec):
@@ -169,6 +52,7 @@ class AdagradOptimizerSpec(OptimizerSpec):
     """Adagrad (no epsilon): `a += g²; w -= lr·g/√a`."""
 
     _fields = ("initial_accumulator_value",)
+    _float_params = ("initial_accumulator_value",)
     _short_name = "adagrad"
 
     def __init__(self, learning_rate: Any = 0.001, initial_accumulator_value: Any = 0.1) -> None:
@@ -186,6 +70,7 @@ class AdamOptimizerSpec(OptimizerSpec):
     """Adam with host-side bias correction (`tilecore.Adam`)."""
 
     _fields = ("beta_1", "beta_2", "epsilon")
+    _float_params = ("beta_1", "beta_2", "epsilon")
     _short_name = "adam"
 
     def __init__(
@@ -203,6 +88,11 @@ class AdamOptimizerSpec(OptimizerSpec):
     def slot_variables_initializers(self) -> tuple[CallableTableInitializer, ...]:
         return AdamSlotVariables(*super().slot_variables_initializers())
 
+    def get_hyperparameters(self, step: Any = None) -> tuple[jax.Array, ...]:
+        """Bias-corrected `(α_t, beta_1, beta_2, ε̂_t)` at `step` (None: 0), with
+        `α_t = lr·√(1−β2^(t+1))/(1−β1^(t+1))` and `ε̂_t = ε·√(1−β2^(t+1))`."""
+        return as_float32(self.to_native().hyperparameters(0 if step is None else step))
+
     def to_native(self) -> native.Adam:
         return native.Adam(**self._native_kwargs())
 
@@ -212,6 +102,9 @@ class AdagradMomentumOptimizerSpec(OptimizerSpec):
 
     _fields = ("momentum", "beta2", "epsilon", "exponent", "use_nesterov",
                "initial_accumulator_value", "initial_momentum_value")
+    _float_params = ("momentum", "beta2", "epsilon", "exponent", "initial_accumulator_value",
+                     "initial_momentum_value")
+    _bool_params = ("use_nesterov",)
     _short_name = "adagrad_momentum"
 
     def __init__(
@@ -237,6 +130,13 @@ class AdagradMomentumOptimizerSpec(OptimizerSpec):
     def slot_variables_initializers(self) -> tuple[CallableTableInitializer, ...]:
         return AdagradMomentumSlotVariables(*super().slot_variables_initializers())
 
+    def get_hyperparameters(self, step: Any = None) -> tuple[jax.Array, ...]:
+        """`(lr, momentum, beta2, epsilon, exponent, use_nesterov)`; the flag a bool."""
+        import jax.numpy as jnp
+
+        *values, _ = super().get_hyperparameters(step)
+        return (*values, jnp.asarray(self.use_nesterov, jnp.bool_))
+
     def to_native(self) -> native.AdagradMomentum:
         return native.AdagradMomentum(**self._native_kwargs())
 
@@ -247,6 +147,10 @@ class FTRLOptimizerSpec(OptimizerSpec):
     _fields = ("learning_rate_power", "l1_regularization_strength",
                "l2_regularization_strength", "beta", "initial_accumulator_value",
                "initial_linear_value", "multiply_linear_by_learning_rate")
+    _float_params = ("learning_rate_power", "l1_regularization_strength",
+                     "l2_regularization_strength", "beta", "initial_accumulator_value",
+                     "initial_linear_value")
+    _bool_params = ("multiply_linear_by_learning_rate",)
     _short_name = "ftrl"
 
     def __init__(
@@ -272,6 +176,11 @@ class FTRLOptimizerSpec(OptimizerSpec):
     def slot_variables_initializers(self) -> tuple[CallableTableInitializer, ...]:
         return FTRLSlotVariables(*super().slot_variables_initializers())
 
+    def get_hyperparameters(self, step: Any = None) -> tuple[jax.Array, ...]:
+        """`(lr, learning_rate_power, l1, l2, beta)`, as the reference orders them (the
+        native rule also takes `multiply_linear_by_learning_rate`, from the spec)."""
+        return super().get_hyperparameters(step)[:5]
+
     def to_native(self) -> native.FTRL:
         return native.FTRL(**self._native_kwargs())
 
@@ -280,6 +189,7 @@ class LaPropOptimizerSpec(OptimizerSpec):
     """LaProp (`tilecore.LaProp`); `rms_clip_threshold` must stay None, as in the reference."""
 
     _fields = ("b1", "b2", "eps", "initial_slot_value")
+    _float_params = ("b1", "b2", "eps", "initial_slot_value")
     _short_name = "laprop"
 
     def __init__(
@@ -306,62 +216,35 @@ class LaPropOptimizerSpec(OptimizerSpec):
     def slot_variables_initializers(self) -> tuple[CallableTableInitializer, ...]:
         return LaPropSlotVariables(*super().slot_variables_initializers())
 
+    def get_decay_rate(self, step: Any = None) -> jax.Array:
+        """The bias-corrected decay `b2·(1−b2^t)/(1−b2^(t+1))` at `step` (None: `b2`)."""
+        import jax.numpy as jnp
+
+        if step is None:
+            return jnp.asarray(self.b2, jnp.float32)
+        return jnp.asarray(self.to_native().hyperparameters(step)[2], jnp.float32)
+
+    def get_hyperparameters(self, step: Any = None) -> tuple[jax.Array, ...]:
+        """`(lr, b1, decay_rate, eps)` at `step` (see `get_decay_rate`)."""
+        lr, b1, _, eps = super().get_hyperparameters(step)
+        return (lr, b1, self.get_decay_rate(step), eps)
+
     def to_native(self) -> native.LaProp:
         return native.LaProp(**self._native_kwargs())
 
 
-class CustomOptimizerSpec(OptimizerSpec):
-    """A user rule `custom_computation_fn(grad, row, *slots, lr) -> (row', *slots')`.
-
-    `slot_variable_initializers_tuple` holds constant initializers
-    (`jax.nn.initializers.constant(v)`) or plain floats.
-    """
-
-    _fields = ("custom_computation_fn", "slot_variable_initializers_tuple", "short_name_str")
-
-    def __init__(
-        self,
-        learning_rate: Any = 0.001,
-        custom_computation_fn: Callable[..., Any] | None = None,
-        slot_variable_initializers_tuple: tuple[Any, ...] = (),
-        short_name_str: str = "custom",
-    ) -> None:
-        super().__init__(learning_rate)
-        self.custom_computation_fn = custom_computation_fn
-        self.slot_variable_initializers_tuple = tuple(slot_variable_initializers_tuple)
-        self.short_name_str = short_name_str
-
-    def short_name(self) -> str:
-        return self.short_name_str
-
-    def slot_variables_initializers(self) -> tuple[CallableTableInitializer, ...]:
-        return self.slot_variable_initializers_tuple
-
-    def slot_variables_count(self) -> int:
-        return len(self.slot_variable_initializers_tuple)
-
-    def to_native(self) -> native.CustomOptimizer:
-        owner = f"CustomOptimizerSpec {self.short_name_str!r}"
-        if not callable(self.custom_computation_fn):
-            raise ValueError(
-                f"{owner}: custom_computation_fn must be a Python callable "
-                f"`fn(grad, row, *slots, lr) -> (row, *slots)`; got {self.custom_computation_fn!r}."
-            )
-        return native.CustomOptimizer(
-            learning_rate=_native_learning_rate(owner, self.learning_rate),
-            update_fn=self.custom_computation_fn,
-            slot_initial_value_tuple=tuple(
-                _constant_of(owner, init) for init in self.slot_variable_initializers_tuple
-            ),
-            name=self.short_name_str,
-        )
-
-
 class F2AOptimizerSpec(OptimizerSpec):
-    """Frequency-aware Adagrad: accepted for porting, not yet implemented by tilecore."""
+    """Frequency-aware Adagrad (`tilecore.F2A`): a row updated rarely gets a larger step.
+
+    Slots `accumulator` and `local_step` (the row's update count); the boost is
+    `min((max(t, 1)/local_step')^rho, max_lr_multiplier)` at global step `t`.
+    """
 
     _fields = ("rho", "initial_accumulator_value", "initial_local_step_value",
                "l1_regularization_strength", "l2_regularization_strength", "max_lr_multiplier")
+    _float_params = ("rho", "initial_accumulator_value", "initial_local_step_value",
+                     "l1_regularization_strength", "l2_regularization_strength",
+                     "max_lr_multiplier")
     _short_name = "f2a"
 
     def __init__(
@@ -382,11 +265,16 @@ class F2AOptimizerSpec(OptimizerSpec):
         self.l2_regularization_strength = l2_regularization_strength
         self.max_lr_multiplier = max_lr_multiplier
 
-    def to_native(self) -> native.OptimizerSpec:
-        raise NotImplementedError(
-            "F2AOptimizerSpec: tilecore has no frequency-aware Adagrad yet. Use "
-            "AdagradOptimizerSpec (closest) or a CustomOptimizerSpec with your own rule."
-        )
+    def slot_variables_initializers(self) -> tuple[CallableTableInitializer, ...]:
+        return F2ASlotVariables(*super().slot_variables_initializers())
+
+    def get_hyperparameters(self, step: Any = None) -> tuple[jax.Array, ...]:
+        """`(lr, rho, l1, l2, max_lr_multiplier, global_step)` at `step` (None: 0)."""
+        step = 0 if step is None else step
+        return as_float32(self.to_native().hyperparameters(step))
+
+    def to_native(self) -> native.F2A:
+        return native.F2A(**self._native_kwargs())
 
 
 def native_optimizer(table_name: str, optimizer: object) -> native.OptimizerSpec:

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from ..specs import (
+    F2A,
     FTRL,
     SGD,
     Adagrad,
@@ -21,6 +22,7 @@ from ..specs import (
 from ._adagrad import adagrad
 from ._adagrad_momentum import adagrad_momentum
 from ._adam import adam
+from ._f2a import f2a
 from ._ftrl import ftrl
 from ._laprop import laprop
 from ._sgd import sgd
@@ -38,6 +40,7 @@ _RULES: dict[type[OptimizerSpec], UpdateRule] = {
     Adagrad: adagrad,
     AdagradMomentum: adagrad_momentum,
     Adam: adam,
+    F2A: f2a,
     FTRL: ftrl,
     LaProp: laprop,
 }

@@ -2,6 +2,7 @@
 
 from ._config import DEFAULT_ACTIVATION_MEM_BYTES_LIMIT as DEFAULT_ACTIVATION_MEM_BYTES_LIMIT
 from ._config import SparseCoreConfig as SparseCoreConfig
+from ._optimizers import F2A as F2A
 from ._optimizers import FTRL as FTRL
 from ._optimizers import SGD as SGD
 from ._optimizers import Adagrad as Adagrad
@@ -22,6 +23,7 @@ from ._topology import Topology as Topology
 __all__ = [
     "COMBINERS",
     "DEFAULT_ACTIVATION_MEM_BYTES_LIMIT",
+    "F2A",
     "FTRL",
     "SGD",
     "Adagrad",

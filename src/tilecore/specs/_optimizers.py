@@ -248,6 +248,48 @@ class LaProp(OptimizerSpec):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class F2A(OptimizerSpec):
+    """Frequency-aware Adagrad: rarely updated rows get a larger step.
+
+    Slot `local_step` counts the updates of each row; with `t` the global step
+    (0-based, as `hyperparameters` passes it):
+    `n' = n + 1`; `f = min((max(t, 1)/n')^rho, max_lr_multiplier)`; `a' = a + g²`;
+    `w -= lr·(f·g/√a' + l1·sign(w) + l2·w)`.
+    """
+
+    learning_rate: LearningRate = 0.01
+    rho: float = 0.5
+    initial_accumulator_value: float = 0.1
+    initial_local_step_value: float = 0.0
+    l1_regularization_strength: float = 0.0
+    l2_regularization_strength: float = 0.0
+    max_lr_multiplier: float = 1e6
+
+    _slot_names: ClassVar[tuple[str, ...]] = ("accumulator", "local_step")
+    short_name: ClassVar[str] = "f2a"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_finite("F2A", "rho", self.rho)
+        for name in ("l1_regularization_strength", "l2_regularization_strength",
+                     "initial_local_step_value"):
+            value = getattr(self, name)
+            if not (_is_number(value) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"F2A: {name} must be finite and >= 0, got {name}={value!r}.")
+        _check_positive("F2A", "initial_accumulator_value", self.initial_accumulator_value)
+        _check_positive("F2A", "max_lr_multiplier", self.max_lr_multiplier)
+
+    def slot_initial_values(self) -> tuple[float, ...]:
+        return (self.initial_accumulator_value, self.initial_local_step_value)
+
+    def hyperparameters(self, step: Any) -> tuple[Any, ...]:
+        """`(lr, rho, l1, l2, max_lr_multiplier, step)`: the reference's order; the rule
+        casts the step (a Python int or a traced integer) to float32."""
+        return (self.learning_rate_at(step), self.rho, self.l1_regularization_strength,
+                self.l2_regularization_strength, self.max_lr_multiplier, step)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class CustomOptimizer(OptimizerSpec):
     """A user-supplied per-row rule.
 

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..specs import (
+    F2A,
     FTRL,
     SGD,
     Adagrad,
@@ -33,8 +34,10 @@ def reference_update(
 ) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
     """One optimizer step on rows `[rows, dim]`: returns `(new_row, new_slots)` in float64.
 
-    `step` is the 0-based global step (it matters for Adam, LaProp and learning-rate
-    schedules). A `CustomOptimizer`'s `update_fn` is called on the numpy arrays.
+    `step` is the 0-based global step (it matters for Adam, LaProp, F2A and
+    learning-rate schedules). A `CustomOptimizer`'s `update_fn` is called on the numpy
+    arrays; a rule given as StableHLO (`tilecore.optimizers.StableHLORule`) runs in
+    JAX, so check it against the oracle of the Python rule it was lowered from.
     """
     g = np.asarray(grad, np.float64)
     w = np.asarray(row, np.float64)
@@ -57,6 +60,8 @@ def reference_update(
         return _ftrl(spec, lr, g, w, *s)
     if isinstance(spec, LaProp):
         return _laprop(spec, lr, step, g, w, *s)
+    if isinstance(spec, F2A):
+        return _f2a(spec, lr, step, g, w, *s)
     raise TypeError(f"reference_update has no formula for {type(spec).__name__}.")
 
 
@@ -111,3 +116,14 @@ def _laprop(spec: LaProp, lr: float, step: int, g: Any, w: Any, mu: Any, nu: Any
     nu = decay * nu + (1.0 - decay) * (g * g + spec.eps)
     mu = spec.b1 * mu + math.sqrt(1.0 - spec.b1**2) * g / np.sqrt(nu)
     return w - lr * mu, (mu, nu)
+
+
+def _f2a(spec: F2A, lr: float, step: int, g: Any, w: Any, acc: Any, n: Any) -> Result:
+    # A row updated n' times by global step t gets its Adagrad step scaled by
+    # (t/n')^rho (t counted from 1), capped at max_lr_multiplier.
+    n = n + 1.0
+    boost = np.minimum((max(step, 1) / n) ** spec.rho, spec.max_lr_multiplier)
+    acc = acc + g * g
+    update = (boost * g / np.sqrt(acc) + spec.l1_regularization_strength * np.sign(w)
+              + spec.l2_regularization_strength * w)
+    return w - lr * update, (acc, n)

@@ -14,6 +14,7 @@ from ..._optimizers import AdagradOptimizerSpec as AdagradOptimizerSpec
 from ..._optimizers import AdagradSlotVariables as AdagradSlotVariables
 from ..._optimizers import AdamOptimizerSpec as AdamOptimizerSpec
 from ..._optimizers import AdamSlotVariables as AdamSlotVariables
+from ..._optimizers import CallablePlaceholder as CallablePlaceholder
 from ..._optimizers import CallableTableInitializer as CallableTableInitializer
 from ..._optimizers import CustomOptimizerSpec as CustomOptimizerSpec
 from ..._optimizers import F2AOptimizerSpec as F2AOptimizerSpec
@@ -41,6 +42,7 @@ __all__ = [
     "AdagradSlotVariables",
     "AdamOptimizerSpec",
     "AdamSlotVariables",
+    "CallablePlaceholder",
     "CallableTableInitializer",
     "CustomOptimizerSpec",
     "F2AOptimizerSpec",
