@@ -10,6 +10,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
+from ._auto_pipelining_hook import LOOKUP_MARK, UPDATE_MARK, markable
 from ._native import feature_leaves, resolve_num_sc_per_device
 from ._specs import FeatureSpec, TableSpec
 
@@ -139,6 +140,7 @@ def _plan(feature_specs: Any, global_device_count: int, num_sc_per_device: int |
                       sc_per_device=num_sc_per_device, enable_minibatching=enable_minibatching)
 
 
+@markable(LOOKUP_MARK, data=("preprocessed_inputs",))
 def tpu_sparse_dense_matmul(
     preprocessed_inputs: Any,
     embedding_variables: Mapping[str, Any],
@@ -204,6 +206,7 @@ def tpu_sparse_dense_matmul(
     return _device.run_placed(where, per_device, parts, tables, minibatches)
 
 
+@markable(UPDATE_MARK, data=("activation_gradients", "preprocessed_inputs", "step"))
 def tpu_sparse_dense_matmul_grad(
     activation_gradients: Nested[Any],
     preprocessed_inputs: Any,
