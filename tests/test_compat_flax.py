@@ -13,14 +13,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from jax.sharding import Mesh
-from tilecore.compat.flax._sparse import make_plan, native_batch
-from tilecore.compat.flax.linen import embed, embed_optimizer
-from tilecore.compat.flax.nnx import embed as nnx_embed
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from _compat_cases import feature_specs as reference_feature_specs
 from tilecore import ops
 from tilecore.compat import embedding_spec
+from tilecore.compat.lib.flax._sparse import make_plan, native_batch
+from tilecore.compat.lib.flax.linen import embed, embed_optimizer
+from tilecore.compat.lib.flax.nnx import embed as nnx_embed
+from tilecore.compat.utils import utils
 
 BATCH, STEPS, SC = 32, 12, 2
 
@@ -53,19 +54,29 @@ class Model(nn.Module):
 
     @nn.compact
     def __call__(self, inputs: Any) -> jax.Array:
-        acts = embed.SparseCoreEmbed(self.feature_specs, sharding_axis="x", mesh=MESH,
+        acts = embed.SparseCoreEmbed(self.feature_specs, sharding_axis="x", _mesh=MESH,
                                      num_sc_per_device=SC)(inputs)
         x = jnp.concatenate([acts["item"], acts["user"]], axis=-1)
         return nn.Dense(1)(nn.relu(nn.Dense(16)(x)))[:, 0]
 
 
+def loss_of_acts(acts: Any, dense: Any, labels: jax.Array) -> jax.Array:
+    """The dense head of `Model` on given activations, with its parameters passed in."""
+    x = jnp.concatenate([acts["item"], acts["user"]], axis=-1)
+    h = nn.relu(x @ dense["params"]["Dense_1"]["kernel"] + dense["params"]["Dense_1"]["bias"])
+    return bce((h @ dense["params"]["Dense_0"]["kernel"])[:, 0]
+               + dense["params"]["Dense_0"]["bias"][0], labels)
+
+
 def test_linen_reference_loop_learns_and_matches_native_ops() -> None:
     specs = feature_specs()
     model = Model(specs)
-    layer = embed.SparseCoreEmbed(specs, sharding_axis="x", mesh=MESH, num_sc_per_device=SC)
+    layer = embed.SparseCoreEmbed(specs, sharding_axis="x", _mesh=MESH, num_sc_per_device=SC)
     data = [(layer.preprocess_inputs(i, ids, None), labels)
             for i, (ids, labels) in enumerate(examples())]
     params = model.init(jax.random.key(0), data[0][0])
+    boxed: Any = params["params"]["SparseCoreEmbed_0"]["sc_embedding_variables"]
+    assert isinstance(boxed, embed.WithSparseCoreLayout) and boxed.names == ("x", None)
     tx = embed_optimizer.create_optimizer_for_sc_model(params, optax.adam(0.02))
     opt_state = tx.init(params)
 
@@ -73,7 +84,8 @@ def test_linen_reference_loop_learns_and_matches_native_ops() -> None:
                        donate_argnums=0)
     def train_step(params: Any, inputs: Any, labels: Any, opt_state: Any) -> Any:
         def forward(params: Any) -> jax.Array:
-            return bce(model.apply(params, inputs), labels)
+            logits: Any = model.apply(params, inputs)
+            return bce(logits, labels)
 
         loss, grads = jax.value_and_grad(forward, allow_int=True)(params)
         updates, opt_state = tx.update(grads, opt_state)
@@ -87,21 +99,16 @@ def test_linen_reference_loop_learns_and_matches_native_ops() -> None:
         before = jax.tree.map(jnp.array, nn.meta.unbox(params[path[0]][path[1]][path[2]]))
         native = {s: ops.EmbeddingVariables(v.table, tuple(v.slot)) for s, v in before.items()}
         batch = native_batch(plan, inputs, "test")
-        dense = {"params": {k: v for k, v in params["params"].items() if k.startswith("Dense")}}
-
-        def loss_of_acts(acts: Any, dense: Any = dense, labels: Any = labels) -> jax.Array:
-            x = jnp.concatenate([acts["item"], acts["user"]], axis=-1)
-            h = nn.relu(x @ dense["params"]["Dense_1"]["kernel"] + dense["params"]["Dense_1"]["bias"])
-            return bce((h @ dense["params"]["Dense_0"]["kernel"])[:, 0]
-                       + dense["params"]["Dense_0"]["bias"][0], labels)
+        dense: Any = {"params": {k: v for k, v in params["params"].items()
+                                 if k.startswith("Dense")}}
 
         if step >= 2:  # compare with the (eager, slower) native ops on the first steps
             params, opt_state, loss = train_step(params, inputs, labels, opt_state)
             losses.append(float(loss))
             continue
         acts = ops.lookup(plan, batch, native)
-        want = ops.lookup_grad(plan, batch, native, jax.grad(loss_of_acts)(acts), 0)
-        want_loss = float(loss_of_acts(acts))
+        want = ops.lookup_grad(plan, batch, native, jax.grad(loss_of_acts)(acts, dense, labels), 0)
+        want_loss = float(loss_of_acts(acts, dense, labels))
         params, opt_state, loss = train_step(params, inputs, labels, opt_state)
         losses.append(float(loss))
         np.testing.assert_allclose(float(loss), want_loss, rtol=1e-5)
@@ -131,7 +138,10 @@ def test_nnx_reference_loop_learns_and_updates_like_native_ops() -> None:
     data = [(model.embed.preprocess_inputs(i, ids, None), labels)
             for i, (ids, labels) in enumerate(examples())]
 
-    @nnx.jit
+    shardings = (nnx_embed.get_named_sharding(model, MESH),
+                 nnx_embed.get_named_sharding(optimizer, MESH), None, None)
+
+    @nnx.jit(in_shardings=shardings)
     def train_step(model: NnxModel, optimizer: Any, inputs: Any, labels: Any) -> jax.Array:
         loss, grads = nnx.value_and_grad(lambda m: bce(m(inputs), labels))(model)
         optimizer.update(model, grads)
@@ -164,9 +174,74 @@ def test_compat_errors() -> None:
     with pytest.raises(ValueError, match="prepare_feature_specs_for_training"):
         nnx_embed.SparseCoreEmbed(unprepared, "x", MESH, nnx.Rngs(0))
     model = Model(specs)
-    layer = embed.SparseCoreEmbed(specs, sharding_axis="x", mesh=MESH, num_sc_per_device=SC)
+    layer = embed.SparseCoreEmbed(specs, sharding_axis="x", _mesh=MESH, num_sc_per_device=SC)
     inputs = layer.preprocess_inputs(0, examples(1)[0][0], None)
     with pytest.raises(ValueError, match="sc_embedding_variables' is missing"):
         model.apply({"params": {}}, inputs)
     with pytest.raises(ValueError, match=r"call it through model\.apply"):
         layer.apply_gradient({}, inputs)
+
+
+def test_linen_reference_fields_and_layout_names() -> None:
+    layer = embed.SparseCoreEmbed(feature_specs(), sharding_axis="x")  # _mesh, num_sc resolved
+    assert layer.mesh.shape == {"x": jax.device_count()} and layer.num_shards == jax.device_count()
+    assert layer.num_sc_per_device == utils.num_sparsecores_per_device(jax.devices()[0])
+    assert embed.SparseCoreEmbed(feature_specs(), sharding_axis="x", _mesh=MESH,
+                                 num_sc_per_device=SC).num_sc_per_device == SC
+    assert layer.embedding_table_partition == PartitionSpec("x", None)
+    assert layer.data_partition == PartitionSpec("x")
+    fn: Any = lambda key: {"t": key}  # noqa: E731
+    wrapped = embed.with_sparsecore_layout(fn, ("x", None), MESH)
+    boxed = wrapped(jnp.ones((8, 2)))
+    assert isinstance(boxed, embed.WithSparseCoreLayout)
+    np.testing.assert_array_equal(boxed.unbox()["t"], jnp.ones((8, 2)))
+    assert boxed.get_sharding(MESH) == NamedSharding(MESH, PartitionSpec("x", None))
+    with pytest.raises(NotImplementedError, match="single mesh axis"):
+        embed.SparseCoreEmbed(feature_specs(), sharding_axis=("x", "y"), _mesh=MESH)
+
+
+def test_nnx_lookup_gradient_is_the_native_update_and_filters_split_state() -> None:
+    specs = feature_specs()
+    model = NnxModel(specs, nnx.Rngs(1))
+    layer = model.embed
+    assert layer.embedding_table.embedding_sharding == NamedSharding(
+        MESH, PartitionSpec("x", None))
+    def paths(state: Any) -> set[tuple[Any, ...]]:
+        return {path for path, _ in nnx.to_flat_state(state)}
+
+    assert paths(nnx.state(model, nnx_embed.is_embedding_variables)) == {
+        ("embed", "embedding_table")}
+    assert ("embed", "embedding_table") not in paths(
+        nnx.state(model, nnx_embed.is_non_embedding_variables))
+    inputs = layer.preprocess_inputs(0, examples(1)[0][0], None)
+    grads = nnx.grad(lambda m: nnx_embed.embedding_lookup(m, inputs, step=3)["user"].sum())(layer)
+    plan = make_plan(specs, 1, SC, "MOD", False, "test")
+    before = layer.embedding_table.get_value()
+    native = {s: ops.EmbeddingVariables(v.table, tuple(v.slot)) for s, v in before.items()}
+    acts = ops.lookup(plan, native_batch(plan, inputs, "test"), native)
+    want = ops.lookup_grad(plan, native_batch(plan, inputs, "test"), native,
+                           {"user": jnp.ones_like(acts["user"]),
+                            "item": jnp.zeros_like(acts["item"])}, 3)
+    got = grads["embedding_table"].get_value()
+    for s in plan.stacks:
+        np.testing.assert_allclose(got[s].table, want[s].table, rtol=1e-6)
+        np.testing.assert_allclose(got[s].slot.accumulator, want[s].slots[0], rtol=1e-6)
+
+
+def test_linen_bfloat16_tables_give_bfloat16_activations_and_updates() -> None:
+    specs = feature_specs()
+    layer = embed.SparseCoreEmbed(specs, sharding_axis="x", _mesh=MESH, num_sc_per_device=SC)
+    inputs = layer.preprocess_inputs(0, examples(1)[0][0], None)
+    params = nn.meta.unbox(layer.init(jax.random.key(0), inputs))
+    half = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
+    acts = layer.apply(half, inputs)
+    assert {a.dtype for a in jax.tree.leaves(acts)} == {jnp.dtype(jnp.bfloat16)}
+    want = layer.apply(jax.tree.map(lambda x: x.astype(jnp.float32), half), inputs)
+    for got, full in zip(jax.tree.leaves(acts), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(got, np.float32), full, rtol=1e-2, atol=1e-3)
+    grads = jax.grad(lambda p: sum(a.astype(jnp.float32).sum()
+                                   for a in jax.tree.leaves(layer.apply(p, inputs))))(half)
+    assert {g.dtype for g in jax.tree.leaves(grads)} == {jnp.dtype(jnp.bfloat16)}
+    updated = layer.apply(half, jax.tree.map(jnp.ones_like, acts), inputs,
+                          method=embed.SparseCoreEmbed.apply_gradient)
+    assert {u.dtype for u in jax.tree.leaves(updated)} == {jnp.dtype(jnp.bfloat16)}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 Path = tuple[object, ...]
 
@@ -84,7 +84,7 @@ def map_leaves(fn: Callable[[Any], Any], tree: Any) -> Any:
         if type(tree) is dict:
             return mapped
         try:  # OrderedDict, FrozenDict and other mappings built from a dict keep their type
-            return type(tree)(mapped)
+            return cast(Any, type(tree))(mapped)
         except TypeError:
             return mapped
     values = [map_leaves(fn, child) for _, child in children]

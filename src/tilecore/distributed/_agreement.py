@@ -37,7 +37,9 @@ class DistributedAgreement:
     of that `name` this process made before).
 
     Args:
-      plan: the stacking plan every process preprocesses with.
+      plan: the stacking plan every process preprocesses with (None: not checked,
+        for agreements made before any plan exists, e.g. by
+        `tilecore.compat.embedding.get_all_reduce_interface`).
       timeout_s: how long one call waits for its peers.
       name: keeps the keys of agreements that live at the same time apart.
       store, process_id, process_count: the key-value store and this process's
@@ -45,8 +47,8 @@ class DistributedAgreement:
         `jax.process_count()` (tests pass an in-memory store).
     """
 
-    def __init__(self, plan: StackingPlan, *, timeout_s: float = 300.0, name: str = "default",
-                 store: KeyValueStore | None = None, process_id: int | None = None,
+    def __init__(self, plan: StackingPlan | None, *, timeout_s: float = 300.0,
+                 name: str = "default", store: KeyValueStore | None = None, process_id: int | None = None,
                  process_count: int | None = None) -> None:
         if not (isinstance(timeout_s, int | float) and math.isfinite(timeout_s) and timeout_s > 0):
             raise ValueError(f"DistributedAgreement: timeout_s must be > 0, got {timeout_s!r}.")
@@ -71,8 +73,9 @@ class DistributedAgreement:
             namespace = f"tilecore/agreement/{name}/{instance}"
             self._exchange = Exchange(store, namespace, process_id, process_count, timeout_s,
                                       f"DistributedAgreement {name!r}")
-            self._check_plans(plan)
-        if plan.topology.num_processes != process_count:
+            if plan is not None:
+                self._check_plans(plan)
+        if plan is not None and plan.topology.num_processes != process_count:
             raise ValueError(
                 f"DistributedAgreement: the plan's topology {plan.topology} has "
                 f"{plan.topology.num_processes} processes (global_devices ÷ local_devices) but "

@@ -10,17 +10,18 @@ compat feature specs record (`tilecore.compat.embedding.prepare_feature_specs_fo
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax.core import FrozenDict, unfreeze
 from jax.sharding import Mesh
 
 from .... import ops
 from ....preprocessing import PreprocessedBatch
 from ....stacking import StackingPlan
-from ..._device import buffers, matmul_input_parts
+from ..._device import buffers, matmul_input_parts, minibatch_count
 from ..._native import build_plan
 from ..._preprocessing import check_options
 from ..._pytree import assert_same_structure, leaves, map_leaves
@@ -69,7 +70,17 @@ def native_batch(plan: StackingPlan, preprocessed: Any, layer: str) -> Preproces
             "PreprocessedInput from layer.preprocess_inputs(...), not its sparse_dense_matmul_input."
         )
     return PreprocessedBatch(stacks={name: buffers(parts, name) for name in plan.stacks},
-                             num_minibatches=1 if count is None else count)
+                             num_minibatches=_one_count(count))
+
+
+def _one_count(count: Any) -> int:
+    """Every device's minibatch count from the reference's per-device `num_minibatches`:
+    a Python int for host values, a device scalar for (traced) JAX arrays."""
+    if count is None:
+        return 1
+    if isinstance(count, int | np.integer | np.ndarray):
+        return int(np.asarray(count).reshape(-1)[0])
+    return cast(int, minibatch_count(count))
 
 
 def native_variables(variables: Mapping[str, Any]) -> dict[str, ops.EmbeddingVariables]:
@@ -82,6 +93,32 @@ def like(updated: Mapping[str, ops.EmbeddingVariables], variables: Mapping[str, 
     flat = [leaf for name in sorted(updated)  # jax.tree's order: sorted stacks, table, slots
             for leaf in (updated[name].table, *updated[name].slots)]
     return jax.tree.unflatten(jax.tree.structure(variables), flat)
+
+
+def as_float32(variables: Any) -> Any:
+    """`variables` with every leaf in float32 (the lookup and update run in float32)."""
+    return jax.tree.map(lambda x: x if x.dtype == jnp.float32 else x.astype(jnp.float32),
+                        variables)
+
+
+def like_dtypes(values: Any, originals: Any) -> Any:
+    """`values` cast leaf by leaf to the dtypes of `originals` (same structure)."""
+    return jax.tree.map(lambda v, o: v if v.dtype == o.dtype else v.astype(o.dtype),
+                        values, originals)
+
+
+def in_table_dtypes(feature_specs: Any, plan: StackingPlan, acts: Any, variables: Any) -> Any:
+    """Each feature's activation in the dtype of its stack's table (mixed precision)."""
+
+    def cast(spec: Any, act: jax.Array) -> jax.Array:
+        stack = plan.feature_settings[spec.name].stack_name
+        dtype = jax.tree.leaves(variables[stack])[0].dtype
+        return act if act.dtype == dtype else act.astype(dtype)
+
+    specs = plain_specs(feature_specs)
+    values = assert_same_structure(acts, specs, "activations", "feature_specs")
+    cast_values = iter([cast(spec, act) for spec, act in zip(leaves(specs), values, strict=True)])
+    return map_leaves(lambda _: next(cast_values), specs)
 
 
 def _by_feature(feature_specs: Any, plan: StackingPlan, grads: Any) -> dict[str, jax.Array]:
@@ -111,14 +148,20 @@ def update(feature_specs: Any, plan: StackingPlan, batch: PreprocessedBatch, var
     return like(updated, variables)
 
 
+def lookup_forward(feature_specs: Any, plan: StackingPlan, batch: PreprocessedBatch,
+                   variables: Any, mesh: Mesh | None, axis: str) -> Any:
+    """Activations shaped like the specs (plain JAX differentiation; no custom VJP)."""
+    acts = ops.lookup(plan, batch, native_variables(variables), mesh=mesh, axis=axis)
+    return activations(feature_specs, plan, acts)
+
+
 def lookup(feature_specs: Any, plan: StackingPlan, batch: PreprocessedBatch, variables: Any,
            step: Any, mesh: Mesh | None, axis: str) -> Any:
     """Activations shaped like the specs; the VJP for `variables` is the *updated* variables."""
 
     @jax.custom_vjp
     def forward(variables: Any) -> Any:
-        acts = ops.lookup(plan, batch, native_variables(variables), mesh=mesh, axis=axis)
-        return activations(feature_specs, plan, acts)
+        return lookup_forward(feature_specs, plan, batch, variables, mesh, axis)
 
     def forward_with_residuals(variables: Any) -> tuple[Any, Any]:
         return forward(variables), variables

@@ -2,34 +2,80 @@
 
 Port by changing the import to `from tilecore.compat.flax.linen import embed`.
 As in the reference, the stacked variables are the parameter
-`sc_embedding_variables` (in `"params"`, boxed in `nn.Partitioned` over
-`(sharding_axis, None)`), and their "gradient" is the *updated* variables: the
-lookup's VJP runs each stack's fused optimizer (`tilecore.ops.lookup_grad`)
-at step 0, as the reference's does. Pair it with
+`sc_embedding_variables` (in `"params"`, boxed in `WithSparseCoreLayout`, an
+`nn.Partitioned` over `(sharding_axis, None)` whose sharding is
+`utils.embedding_table_format`), and their "gradient" is the *updated*
+variables: the lookup's VJP runs each stack's fused optimizer
+(`tilecore.ops.lookup_grad`) at step 0, as the reference's does. Pair it with
 `embed_optimizer.create_optimizer_for_sc_model` / `apply_updates_for_sc_model`.
 `tilecore.layers.LinenEmbed` is the native layer, which keeps tables out of
 `"params"` and never passes updated tables off as gradients.
 
-Differences: `num_sc_per_device` is a field (None: 4, tilecore's default
-logical SparseCores per device; it must match `prepare_feature_specs_for_training`);
+As in the reference the mesh is the field `_mesh` (None: every device along
+`sharding_axis`) and `num_sc_per_device` (default -1) is resolved in
+`__post_init__` from the mesh's first device (`utils.num_sparsecores_per_device`:
+4 on CPU/GPU). Differences: a positive `num_sc_per_device` is kept (the
+reference overwrites it; it must match `prepare_feature_specs_for_training`);
 tables are sharded over one mesh axis spanning the whole mesh (so G =
-`mesh.shape[sharding_axis]` = `mesh.size`); minibatching raises.
+`mesh.shape[sharding_axis]` = `mesh.size`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import flax.linen as nn
 import jax
 import numpy as np
+from flax import typing as flax_typing
 from flax.core import meta
+from jax.experimental import layout as jax_layout
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from ....utils import utils
 from ...nn import embedding
 from .. import _sparse
 
+LogicalNames = flax_typing.LogicalNames
+Nested = embedding.Nested
+EmbeddingLookupInput = embedding.PreprocessedInput
+
 EMBEDDING_PARAM_NAME = "sc_embedding_variables"
+
+AxisName = str | tuple[str, ...] | None
+PartitionNames = tuple[AxisName, ...] | LogicalNames
+
+A = TypeVar("A")
+
+EmbeddingInitializer = Callable[[jax.Array], Mapping[str, embedding.EmbeddingVariables]]
+
+
+class WithSparseCoreLayout(nn.Partitioned[A]):
+    """`nn.Partitioned` whose sharding is the embedding-table format
+    (`utils.embedding_table_format`: the plain sharding off TPU)."""
+
+    def get_sharding(self, mesh: Mesh) -> jax.sharding.Sharding | jax_layout.Format:  # type: ignore[override]
+        if mesh is None:
+            raise ValueError("WithSparseCoreLayout.get_sharding needs a mesh, got None.")
+        return utils.embedding_table_format(mesh, self.get_partition_spec())
+
+
+SparseCoreLayoutInitializer = Callable[
+    [jax.Array], WithSparseCoreLayout[Mapping[str, embedding.EmbeddingVariables]]
+]
+
+
+def with_sparsecore_layout(fn: EmbeddingInitializer, names: PartitionNames, mesh: Mesh
+                           ) -> SparseCoreLayoutInitializer:
+    """`fn` with its result boxed in `WithSparseCoreLayout(result, names, mesh=mesh)`."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> WithSparseCoreLayout[Any]:
+        return WithSparseCoreLayout(fn(*args, **kwargs), names, mesh=mesh)  # type: ignore[arg-type]
+
+    return wrapper
 
 
 def resolve_mesh(mesh: Mesh | None, axis: str, layer: str) -> Mesh:
@@ -50,31 +96,50 @@ class SparseCoreEmbed(nn.Module):
     Attributes:
       feature_specs: prepared `tilecore.compat.embedding_spec.FeatureSpec`s (nested).
       sharding_axis: the mesh axis tables and batches are split over.
-      mesh: the mesh (None: every device along `sharding_axis`).
+      _mesh: the mesh (None: every device along `sharding_axis`); read it as `mesh`.
       table_sharding_strategy: only "MOD".
-      enable_minibatching: not supported (raises).
-      num_sc_per_device: logical SparseCores per device (None: 4).
+      enable_minibatching: split batches over the limits into minibatches.
+      num_sc_per_device: logical SparseCores per device (<= 0: resolved from the
+        mesh's first device in `__post_init__`).
     """
 
     feature_specs: Any
     sharding_axis: str | tuple[str, ...] = "sparsecore_sharding"
-    mesh: Mesh | None = None
+    _mesh: Mesh | None = None
     table_sharding_strategy: str = "MOD"
     enable_minibatching: bool = False
-    num_sc_per_device: int | None = None
+    num_sc_per_device: int = -1
+
+    def __post_init__(self) -> None:
+        self._mesh = resolve_mesh(self._mesh, self._axis, "SparseCoreEmbed")
+        if self.num_sc_per_device is None or self.num_sc_per_device <= 0:
+            self.num_sc_per_device = utils.num_sparsecores_per_device(self._mesh.devices.item(0))
+        super().__post_init__()
 
     @property
     def _axis(self) -> str:
         return _sparse.single_axis(self.sharding_axis, "SparseCoreEmbed")
 
     @property
-    def resolved_mesh(self) -> Mesh:
-        return resolve_mesh(self.mesh, self._axis, "SparseCoreEmbed")
+    def mesh(self) -> Mesh:
+        """The resolved mesh."""
+        assert self._mesh is not None  # resolved in __post_init__
+        return self._mesh
+
+    @property
+    def embedding_table_partition(self) -> PartitionSpec:
+        """Tables: rows split over `sharding_axis`."""
+        return PartitionSpec(self.sharding_axis, None)
+
+    @property
+    def data_partition(self) -> PartitionSpec:
+        """Preprocessed inputs and activations: split over `sharding_axis`."""
+        return PartitionSpec(self.sharding_axis)
 
     @property
     def num_shards(self) -> int:
         """G: devices the tables are sharded over."""
-        return self.resolved_mesh.shape[self._axis]
+        return self.mesh.shape[self._axis]
 
     @property
     def embedding_table(self) -> Any:
@@ -89,7 +154,7 @@ class SparseCoreEmbed(nn.Module):
                                  "SparseCoreEmbed")
 
     def _ops_mesh(self) -> Mesh | None:
-        return None if self.num_shards == 1 else self.resolved_mesh
+        return None if self.num_shards == 1 else self.mesh
 
     def setup(self) -> None:
         if not (self.is_initializing() or self.has_variable("params", EMBEDDING_PARAM_NAME)):
@@ -98,23 +163,24 @@ class SparseCoreEmbed(nn.Module):
                 "params; initialise with model.init(key, preprocessed_inputs) and apply with "
                 "the params it returned."
             )
-        mesh, axis = self.resolved_mesh, self._axis
+        mesh = self.mesh
+        initializer = functools.partial(
+            embedding.init_embedding_variables,
+            table_specs=embedding.get_table_specs(_sparse.plain_specs(self.feature_specs)),
+            global_sharding=NamedSharding(mesh, self.embedding_table_partition),
+            num_sparsecore_per_device=self.num_sc_per_device,
+            bypass_mesh_check=mesh.size != jax.device_count(),
+        )
+        self.param(EMBEDDING_PARAM_NAME, self._wrap_initializer(initializer))
 
-        def init(rng: jax.Array) -> nn.Partitioned:
-            variables = embedding.init_embedding_variables(
-                rng, embedding.get_table_specs(_sparse.plain_specs(self.feature_specs)),
-                NamedSharding(mesh, PartitionSpec(axis, None)),
-                num_sparsecore_per_device=self.num_sc_per_device,
-                bypass_mesh_check=mesh.size != jax.device_count(),
-            )
-            return nn.Partitioned(variables, names=(axis, None), mesh=mesh)
-
-        self.param(EMBEDDING_PARAM_NAME, init)
+    def _wrap_initializer(self, initializer: EmbeddingInitializer) -> SparseCoreLayoutInitializer:
+        return with_sparsecore_layout(fn=initializer, names=(self.sharding_axis, None),
+                                      mesh=self.mesh)
 
     def preprocess_inputs(self, step: int, features: Any, features_weights: Any,
                           all_reduce_interface: Any = None) -> embedding.PreprocessedInput:
         """This process's batch preprocessed for the layer (host side; needs no `apply`)."""
-        mesh = self.resolved_mesh
+        mesh = self.mesh
         return embedding.preprocess_sparse_dense_matmul_input(
             features, features_weights, _sparse.plain_specs(self.feature_specs),
             local_device_count=mesh.local_mesh.size, global_device_count=mesh.size,
@@ -125,11 +191,17 @@ class SparseCoreEmbed(nn.Module):
         )[0]
 
     def __call__(self, embedding_lookup_inputs: Any) -> Any:
-        """Activations shaped like `feature_specs`; the tables' VJP is their updated values."""
+        """Activations shaped like `feature_specs`; the tables' VJP is their updated values.
+
+        As in the reference, tables of another dtype (e.g. bfloat16) are looked up
+        in float32 and each activation comes back in its table's dtype.
+        """
         plan = self._plan()
         batch = _sparse.native_batch(plan, embedding_lookup_inputs, "SparseCoreEmbed")
-        return _sparse.lookup(self.feature_specs, plan, batch, self.embedding_table, None,
+        table = self.embedding_table
+        acts = _sparse.lookup(self.feature_specs, plan, batch, _sparse.as_float32(table), None,
                               self._ops_mesh(), self._axis)
+        return _sparse.in_table_dtypes(self.feature_specs, plan, acts, table)
 
     def apply_gradient(self, gradients: Any, embedding_lookup_inputs: Any) -> dict[str, Any]:
         """`{"<module path>/sc_embedding_variables": updated variables}` after one update."""
@@ -140,6 +212,9 @@ class SparseCoreEmbed(nn.Module):
             )
         plan = self._plan()
         batch = _sparse.native_batch(plan, embedding_lookup_inputs, "SparseCoreEmbed")
-        updated = _sparse.update(self.feature_specs, plan, batch, self.embedding_table,
-                                 gradients, None, self._ops_mesh(), self._axis)
-        return {"/".join((*self.scope.path, EMBEDDING_PARAM_NAME)): updated}
+        table = self.embedding_table
+        updated = _sparse.update(self.feature_specs, plan, batch, _sparse.as_float32(table),
+                                 _sparse.as_float32(gradients), None, self._ops_mesh(),
+                                 self._axis)
+        return {"/".join((*self.scope.path, EMBEDDING_PARAM_NAME)):
+                _sparse.like_dtypes(updated, table)}

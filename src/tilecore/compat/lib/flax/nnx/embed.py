@@ -2,16 +2,21 @@
 (`jax_tpu_embedding.sparsecore.lib.flax.nnx.embed`).
 
 Port by changing the import to `from tilecore.compat.flax.nnx import embed`. As
-in the reference the stacked variables are an `EmbeddingVariablesParam` whose
-gradient (from `nnx.grad`) is the *updated* variables, and `PartitionedOptimizer`
-copies them into the model while optax updates the other parameters.
-`tilecore.layers.NnxEmbed` / `EmbedOptimizer` are the native equivalents.
+in the reference the stacked variables are an `EmbeddingVariablesParam` (with
+its `embedding_sharding` metadata, which `get_named_sharding` reports) whose
+gradient from `nnx.grad` is the *updated* variables: `embedding_lookup` is an
+`nnx.custom_vjp` whose backward pass (`embedding_lookup_bwd`) runs the fused
+optimizer; `PartitionedOptimizer` copies those into the model while optax
+updates the other parameters. `tilecore.layers.NnxEmbed` / `EmbedOptimizer` are
+the native equivalents.
 
-Differences: `num_sc_per_device` is an extra keyword (None: 4; it must match
-`prepare_feature_specs_for_training`); the mesh's `sharding_axis` must span the
-whole mesh (so G = `mesh.size` = `mesh.shape[sharding_axis]`, where the
-reference's linen and nnx layers disagree); `__call__` takes the step for the
-optimizers that use it (default 0); minibatching raises.
+Differences: `num_sc_per_device` is an extra keyword (None or <= 0: those of the
+mesh's first device, `utils.num_sparsecores_per_device`, 4 on CPU/GPU; it must
+match `prepare_feature_specs_for_training`); the mesh's `sharding_axis` must
+span the whole mesh (so G = `mesh.size` = `mesh.shape[sharding_axis]`, where
+the reference's linen and nnx layers disagree); `PartitionedOptimizer` updates
+only `nnx.Param`s besides the embedding variables (the reference's filter also
+takes other variable types, which `nnx.grad` gives no gradient).
 """
 
 from __future__ import annotations
@@ -23,13 +28,28 @@ import jax
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from ....utils import utils
 from ...nn import embedding
 from .. import _sparse
 from ..linen.embed import resolve_mesh
 
+Nested = embedding.Nested
+
 
 class EmbeddingVariablesParam(nnx.Param):
     """The layer's `{stack: EmbeddingVariables}` (a Param, told apart by its type)."""
+
+
+def get_named_sharding(node: nnx.Module | nnx.Optimizer, mesh: Mesh) -> Any:
+    """The `nnx.StateSharding` of a model or optimizer, for `nnx.jit(in_shardings=...)`:
+    embedding variables get their `embedding_sharding`, the rest their named sharding."""
+
+    def sharding(_: Any, value: Any) -> Any:
+        if isinstance(value, EmbeddingVariablesParam):
+            return value.embedding_sharding
+        return nnx.get_named_sharding(value, mesh)
+
+    return nnx.StateSharding(nnx.map_state(sharding, nnx.state(node)))
 
 
 def is_embedding_variables(_: Any, value: Any) -> bool:
@@ -53,15 +73,23 @@ class SparseCoreEmbed(nnx.Module):
         self.mesh = resolve_mesh(mesh, self.sharding_axis, "SparseCoreEmbed")
         self.table_sharding_strategy = table_sharding_strategy
         self.enable_minibatching = enable_minibatching
+        if num_sc_per_device is None or num_sc_per_device <= 0:
+            num_sc_per_device = utils.num_sparsecores_per_device(self.mesh.devices.item(0))
         self.num_sc_per_device = num_sc_per_device
-        self.num_shards = self.mesh.size
+        self.embedding_table_partition = PartitionSpec(self.sharding_axis, None)
+        self.data_partition = PartitionSpec(self.sharding_axis)
+        self.num_shards = self.mesh.shape[self.sharding_axis]
         self._plan()  # fail early on unprepared specs or unsupported options
-        self.embedding_table = EmbeddingVariablesParam(embedding.init_embedding_variables(
-            rngs.params(), embedding.get_table_specs(feature_specs),
-            NamedSharding(self.mesh, PartitionSpec(self.sharding_axis, None)),
-            num_sparsecore_per_device=num_sc_per_device,
-            bypass_mesh_check=self.mesh.size != jax.device_count(),
-        ))
+        self.embedding_table = EmbeddingVariablesParam(
+            embedding.init_embedding_variables(
+                rngs.params(), embedding.get_table_specs(feature_specs),
+                NamedSharding(self.mesh, self.embedding_table_partition),
+                num_sparsecore_per_device=num_sc_per_device,
+                bypass_mesh_check=self.mesh.size != jax.device_count(),
+            ),
+            embedding_sharding=utils.embedding_table_format(self.mesh,
+                                                            self.embedding_table_partition),
+        )
 
     def _plan(self) -> Any:
         """The native plan the specs record now (FDO may have changed their limits)."""
@@ -82,12 +110,51 @@ class SparseCoreEmbed(nnx.Module):
         )[0]
 
     def __call__(self, embedding_lookup_inputs: Any, step: Any = None) -> Any:
-        """Activations shaped like `feature_specs`; the tables' gradient is their updated values."""
+        """Activations shaped like `feature_specs`; the tables' gradient is their updated values.
+
+        `step` is the step the optimizers see (None: 0).
+        """
+        return embedding_lookup(self, embedding_lookup_inputs, step=step)
+
+    def _lookup_parts(self, embedding_lookup_inputs: Any) -> tuple[Any, Any, Mesh | None]:
+        """(native plan, native batch, mesh for the ops or None on one device)."""
         plan = self._plan()
         batch = _sparse.native_batch(plan, embedding_lookup_inputs, "SparseCoreEmbed")
-        mesh = None if self.num_shards == 1 else self.mesh
-        return _sparse.lookup(self.feature_specs, plan, batch,
-                              self.embedding_table.get_value(), step, mesh, self.sharding_axis)
+        return plan, batch, None if self.num_shards == 1 else self.mesh
+
+
+@nnx.custom_vjp
+def embedding_lookup(embedding_layer: SparseCoreEmbed, embedding_lookup_inputs: Any,
+                     step: Any = None) -> Any:
+    """The layer's activations; under `nnx.grad` its `embedding_table` gradient is the
+    updated variables (see `embedding_lookup_bwd`)."""
+    del step  # used by the backward pass only
+    plan, batch, mesh = embedding_layer._lookup_parts(embedding_lookup_inputs)
+    return _sparse.lookup_forward(embedding_layer.feature_specs, plan, batch,
+                                  embedding_layer.embedding_table.get_value(), mesh,
+                                  embedding_layer.sharding_axis)
+
+
+def _embedding_lookup_fwd(embedding_layer: SparseCoreEmbed, embedding_lookup_inputs: Any,
+                          step: Any = None) -> tuple[Any, tuple[Any, Any, Any]]:
+    out = embedding_lookup(embedding_layer, embedding_lookup_inputs, step=step)
+    return out, (embedding_layer, embedding_lookup_inputs, step)
+
+
+def embedding_lookup_bwd(res: tuple[Any, Any, Any], g: Any) -> tuple[Any, Any, Any]:
+    """Backward pass: the layer's tangent holds, as `embedding_table`, the variables after
+    one fused optimizer update with the activation gradients `g`."""
+    embedding_layer, embedding_lookup_inputs, step = res
+    (layer_updates_g, inputs_g, step_g), out_g = g
+    layer_g = jax.tree.map(lambda x: x, layer_updates_g)  # a copy, as nnx asks
+    plan, batch, mesh = embedding_layer._lookup_parts(embedding_lookup_inputs)
+    layer_g["embedding_table"].set_value(_sparse.update(
+        embedding_layer.feature_specs, plan, batch, embedding_layer.embedding_table.get_value(),
+        out_g, step, mesh, embedding_layer.sharding_axis))
+    return layer_g, inputs_g, step_g
+
+
+embedding_lookup.defvjp(_embedding_lookup_fwd, embedding_lookup_bwd)
 
 
 class PartitionedOptimizer(nnx.Optimizer):
