@@ -24,10 +24,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
-import platform
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -39,27 +42,35 @@ import numpy as np
 
 import tilecore as tc
 from tilecore import data
+from tilecore.cli._machine import machine_facts
+
+INPUT_FORMS = ("object-array", "dense")
 
 
 def reference_inputs(
-    workload: data.Workload, batch: Mapping[str, tc.Ragged]
+    workload: data.Workload, batch: Mapping[str, tc.Ragged], form: str = "object-array"
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """The batch in the reference's input form, in feature order: IDs and weights of ones."""
+    """The batch in the reference's input form, in feature order: IDs and weights of ones.
+
+    object-array: per feature a numpy object array of per-sample int32 arrays (each its
+    own array, as a data loader builds them) and float32 weights alike. dense: features
+    with as many IDs in every sample as `[batch, ids]` int32 arrays (object arrays else).
+    """
     ids, weights = [], []
     for feature, dist in zip(workload.features, workload.distributions, strict=True):
         ragged = batch[feature.name]
-        values = ragged.values.astype(np.int32, copy=False)
-        if dist.min_ids == dist.max_ids:
+        values = ragged.values.astype(np.int32)
+        if form == "dense" and dist.min_ids == dist.max_ids:
             dense = values.reshape(workload.batch_size, dist.max_ids)
             ids.append(dense)
             weights.append(np.ones(dense.shape, np.float32))
-        else:
-            rows = np.empty(workload.batch_size, dtype=object)
-            rows[:] = np.split(values, ragged.row_splits[1:-1])
-            ones = np.empty(workload.batch_size, dtype=object)
-            ones[:] = [np.ones(len(r), np.float32) for r in rows]
-            ids.append(rows)
-            weights.append(ones)
+            continue
+        rows = np.empty(workload.batch_size, dtype=object)
+        rows[:] = [values[a:b].copy() for a, b in itertools.pairwise(ragged.row_splits)]
+        ones = np.empty(workload.batch_size, dtype=object)
+        ones[:] = [np.ones(len(r), np.float32) for r in rows]
+        ids.append(rows)
+        weights.append(ones)
     return ids, weights
 
 
@@ -179,8 +190,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--input-form", default="object-array", choices=INPUT_FORMS,
+                   help="the reference's input form both sides get (default object-array)")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--matrix", action="store_true",
+                   help="run every --workloads x --cpu-sets pair in its own process pinned "
+                        "with taskset, --rounds times interleaved, and summarise the medians")
+    p.add_argument("--workloads", nargs="+", default=["criteo", "multihot"])
+    p.add_argument("--cpu-sets", nargs="+", default=["0", "0,1"],
+                   help="taskset CPU lists (tilecore threads = CPUs in the set)")
+    p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args(argv)
+    if args.matrix:
+        return matrix(args)
 
     devices, sc = (int(x) for x in args.topology.lower().split("x"))
     topology = tc.Topology(global_devices=devices, sc_per_device=sc)
@@ -191,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     batches = [workload.batch(step, num_threads=threads) for step in range(args.batches)]
     ids = [data.num_ids(b) for b in batches]
-    ref_inputs = [reference_inputs(workload, b) for b in batches]
+    ref_inputs = [reference_inputs(workload, b, args.input_form) for b in batches]
 
     reference = Reference(reference_features(workload, topology), topology)
     ref_stats = reference.calibrate(ref_inputs)
@@ -237,7 +259,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     results = {name: summary(s, timed_ids) for name, s in seconds.items()}
     ref_rate = results["reference"]["ids_per_s"]
     report = {
-        "workload": args.workload, "topology": str(topology), "batch_size": workload.batch_size,
+        "workload": args.workload, "input_form": args.input_form, "topology": str(topology),
+        "batch_size": workload.batch_size,
         "tilecore_threads": threads, "cpus_allowed": cpus, "batches": args.batches,
         "warmup": args.warmup, "repeats": args.repeats,
         "ids_per_batch": float(np.mean(ids)),
@@ -247,10 +270,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "stacks_match": set(reference.limits()) == set(tc_limits),
         "limits_match": reference.limits() == tc_limits,
         "stats_match": bool(stats_match),
-        "python": platform.python_version(), "numpy": np.__version__,
+        **machine_facts(), "numpy": np.__version__,
         "tilecore_version": tc.__version__,
     }
-    print(f"{args.workload} {topology} threads={threads} (cpus allowed {cpus}): "
+    print(f"{args.workload} {args.input_form} {topology} threads={threads} (cpus allowed {cpus}): "
           f"{report['ids_per_batch'] / 1e6:.2f} M IDs/batch")
     for name, r in results.items():
         print(f"  {name:16s} median {r['median_s'] * 1e3:8.2f} ms  {r['ids_per_s'] / 1e6:7.1f} M IDs/s")
@@ -261,6 +284,49 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2, default=str) + "\n")
     return report
+
+
+def matrix(args: argparse.Namespace) -> dict[str, Any]:
+    """Each (workload, CPU set) in a fresh process under `taskset`, round-robin over
+    `args.rounds` rounds (so load from other users hits every pair alike); per pair the
+    median over rounds of each run's medians, and the spread of the speedups."""
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            for workload in args.workloads:
+                for cpus in args.cpu_sets:
+                    out = Path(tmp) / f"{workload}-{cpus}-{r}.json"
+                    subprocess.run(
+                        ["taskset", "-c", cpus, sys.executable, __file__, "--workload", workload,
+                         "--input-form", args.input_form, "--topology", args.topology,
+                         "--repeats", str(args.repeats), "--warmup", str(args.warmup),
+                         "--batches", str(args.batches), "--json", str(out)],
+                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    runs.setdefault((workload, cpus), []).append(json.loads(out.read_text()))
+    rows = []
+    for (workload, cpus), reports in runs.items():
+        speedups = [x["speedup"] for x in reports]
+        ms = {name: statistics.median(x[name]["median_s"] for x in reports) * 1e3
+              for name in ("reference", "tilecore", "tilecore_native")}
+        rows.append({"workload": workload, "input_form": args.input_form, "cpus": cpus,
+                     "threads": reports[0]["tilecore_threads"], "rounds": len(reports),
+                     **{f"{name}_ms": v for name, v in ms.items()},
+                     "speedup": statistics.median(speedups), "speedup_min": min(speedups),
+                     "speedup_max": max(speedups),
+                     "speedup_native": statistics.median(x["speedup_native"] for x in reports),
+                     "stats_match": all(x["stats_match"] for x in reports)})
+    print(f"{'workload':10s} {'threads':>7s} {'reference':>10s} {'tilecore':>10s} "
+          f"{'native':>10s} {'speedup (min-max over rounds)':>30s}")
+    for x in rows:
+        print(f"{x['workload']:10s} {x['threads']:7d} {x['reference_ms']:8.1f}ms "
+              f"{x['tilecore_ms']:8.1f}ms {x['tilecore_native_ms']:8.1f}ms "
+              f"{x['speedup']:12.2f}x ({x['speedup_min']:.2f}-{x['speedup_max']:.2f})")
+    summary = {"rounds": args.rounds, "repeats": args.repeats, "pairs": rows,
+               **machine_facts()}
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
 
 
 if __name__ == "__main__":

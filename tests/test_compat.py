@@ -203,6 +203,27 @@ def test_sparse_tensor_input_matches_ragged() -> None:
     assert coo_stats.max_ids_per_partition.keys() == ragged_stats.max_ids_per_partition.keys()
 
 
+def test_batch_by_one_object_arrays_squeeze() -> None:
+    features = worked_example_specs()
+    embedding.prepare_feature_specs_for_training(features, 2, 4)
+    rng = np.random.default_rng(11)
+    ids, weights = random_inputs(rng, features, dict.fromkeys(features, 16), ragged=True)
+    column = {name: rows.reshape(-1, 1) for name, rows in ids.items()}
+    column_weights = {name: rows.reshape(-1, 1) for name, rows in weights.items()}
+    want, want_stats = embedding.preprocess_sparse_dense_matmul_input(
+        ids, weights, features, 2, 2, num_sc_per_device=4)
+    got, got_stats = embedding.preprocess_sparse_dense_matmul_input(
+        column, column_weights, features, 2, 2, num_sc_per_device=4)
+    for field in ("lhs_row_pointers", "lhs_embedding_ids", "lhs_sample_ids", "lhs_gains"):
+        for name, array in getattr(want, field).items():
+            np.testing.assert_array_equal(getattr(got, field)[name], array)
+    assert got_stats.id_drop_counters == want_stats.id_drop_counters
+    wide = {name: np.stack([rows, rows], axis=1) for name, rows in ids.items()}
+    with pytest.raises(ValueError, match="1-D"):
+        embedding.preprocess_sparse_dense_matmul_input(wide, None, features, 2, 2,
+                                                       num_sc_per_device=4)
+
+
 def test_update_preprocessing_parameters_in_place() -> None:
     features = worked_example_specs()
     embedding.auto_stack_tables(features, 2, 4)

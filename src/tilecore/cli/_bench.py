@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import os
-import platform
+import itertools
 import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +23,9 @@ from ._common import (
     calibrate,
     effective_threads,
     parse_topology,
-    preprocess_dropping,
     write_json,
 )
+from ._machine import machine_facts
 from ._memory import PeakProbe
 
 
@@ -56,10 +56,42 @@ def add_parser(subparsers: Any) -> None:
              "batch is split (dropping allowed for rows one bucket cannot hold, buffers "
              "doubled for the extra alignment)",
     )
+    p.add_argument(
+        "--input-form", choices=INPUT_FORMS, default="ragged",
+        help="ragged: tilecore.Ragged, no weights (default); object-array: the reference's "
+             "form, per feature a numpy object array of per-sample int32 arrays with float32 "
+             "weights of one alike; dense: [batch, ids] int32 arrays and float32 weights of "
+             "one where every sample has as many IDs (object arrays elsewhere)",
+    )
     p.add_argument("--batch-size", type=int, default=None, help=argparse.SUPPRESS)
     p.set_defaults(run=run)
     _bench_step.add_parser(kinds)
     _bench_train.add_parser(kinds)
+
+
+INPUT_FORMS = ("ragged", "object-array", "dense")
+Inputs = tuple[dict[str, Any], dict[str, Any] | None]
+
+
+def input_form(workload: data.Workload, batch: dict[str, tc.Ragged], form: str) -> Inputs:
+    """One batch as (IDs, weights) in `form` (one of `INPUT_FORMS`), IDs as int32."""
+    if form == "ragged":
+        return dict(batch), None
+    ids: dict[str, Any] = {}
+    weights: dict[str, Any] = {}
+    for feature, dist in zip(workload.features, workload.distributions, strict=True):
+        ragged = batch[feature.name]
+        values = ragged.values.astype(np.int32)
+        if form == "dense" and dist.min_ids == dist.max_ids:
+            ids[feature.name] = values.reshape(workload.batch_size, dist.max_ids)
+            weights[feature.name] = np.ones(ids[feature.name].shape, np.float32)
+            continue
+        rows = np.empty(len(ragged.row_splits) - 1, dtype=object)
+        rows[:] = [values[a:b].copy() for a, b in itertools.pairwise(ragged.row_splits)]
+        ones = np.empty(len(rows), dtype=object)
+        ones[:] = [np.ones(len(r), np.float32) for r in rows]
+        ids[feature.name], weights[feature.name] = rows, ones
+    return ids, weights
 
 
 def _positive(parser_name: str, **values: int) -> None:
@@ -83,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
     batches = [workload.batch(step, num_threads=threads) for step in range(args.batches)]
     generation_s = (time.perf_counter() - t0) / args.batches
     ids = [data.num_ids(b) for b in batches]
-    _load_kernels(args.workload, topology, args.threads)
+    inputs = [input_form(workload, b, args.input_form) for b in batches]
+    _load_kernels(args.workload, topology, args.threads, args.input_form)
 
     probe = PeakProbe.start()  # from here on: calibration, warm-up and timed calls
     plan, _ = calibrate(plan, batches, num_threads=args.threads)
@@ -91,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     num_minibatches: list[int] = []
 
     def call(i: int) -> tc.PreprocessedBatch:
-        out, stats = tc.preprocess(plan, batches[i % len(batches)], num_threads=args.threads)
+        out, stats = tc.preprocess(plan, *inputs[i % len(inputs)], num_threads=args.threads)
         num_minibatches.append(out.num_minibatches)
         if stats.dropped_ids and args.minibatching != "forced":
             # cannot happen: calibrated on these batches, dropping off
@@ -119,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "stacks": len(plan.stacks),
         "minibatching": args.minibatching,
+        "input_form": args.input_form,
         "num_minibatches_median": statistics.median(num_minibatches),
         "batches": args.batches,
         "warmup": args.warmup,
@@ -135,9 +169,7 @@ def run(args: argparse.Namespace) -> int:
         "peak_extra_over_output": peak_extra / output_bytes if output_bytes else None,
         "tilecore_version": tc.__version__,
         "numpy_version": np.__version__,
-        "python": platform.python_version(),
-        "cpu_count": os.cpu_count(),
-        "machine": platform.machine(),
+        **machine_facts(),
     }
     _print(result)
     if args.json is not None:
@@ -167,18 +199,22 @@ def _nbytes(batch: tc.PreprocessedBatch) -> int:
     )
 
 
-def _load_kernels(workload: str, topology: tc.Topology, threads: int | None) -> None:
+def _load_kernels(workload: str, topology: tc.Topology, threads: int | None, form: str) -> None:
     """Compile (or load from numba's cache) the kernels on a tiny batch, outside the probes."""
     tiny = data.get_workload(workload, batch_size=8 * topology.num_partitions)
     plan = tc.plan_stacking(tiny.features, topology)
-    preprocess_dropping(plan, tiny.batch(0), num_threads=threads)
+    ids, weights = input_form(tiny, tiny.batch(0), form)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tc.IdDroppingWarning)
+        tc.preprocess(plan.with_config(allow_id_dropping=True), ids, weights, num_threads=threads)
 
 
 def _print(r: dict[str, Any]) -> None:
     mib = 1024 * 1024
     print(
         f"bench preprocess: workload={r['workload']} topology={r['topology']} "
-        f"threads={r['threads']} batch={r['batch_size']} stacks={r['stacks']}\n"
+        f"threads={r['threads']} batch={r['batch_size']} stacks={r['stacks']} "
+        f"input={r['input_form']}\n"
         f"  {r['ids_per_batch'] / 1e6:.3f} M IDs/batch, {r['repeats']} timed calls after "
         f"{r['warmup']} warm-up, over {r['batches']} batches\n"
         f"  seconds/batch  median {r['median_s'] * 1e3:.2f} ms   min {r['min_s'] * 1e3:.2f} ms"

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
-import platform
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,6 +22,7 @@ from ._common import (
     preprocess_dropping,
     write_json,
 )
+from ._machine import machine_facts
 from ._timing import median_seconds
 
 DEFAULT_AXIS = "sparsecore"  # tilecore.ops.DEFAULT_AXIS (not imported: it loads JAX)
@@ -238,8 +237,7 @@ def _result(args: argparse.Namespace, batch_size: int, stacks: int, forward_s: f
         })
     result.update({
         "tilecore_version": tc.__version__, "jax_version": jax.__version__,
-        "python": platform.python_version(), "cpu_count": os.cpu_count(),
-        "machine": platform.machine(), "device_kind": jax.devices()[0].device_kind,
+        "device_kind": jax.devices()[0].device_kind, **machine_facts(),
     })
     return result
 

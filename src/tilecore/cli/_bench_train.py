@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import io
-import os
-import platform
 import statistics
 from pathlib import Path
 from typing import Any
@@ -27,6 +25,7 @@ from typing import Any
 import tilecore as tc
 
 from ._common import add_threads_option, write_json
+from ._machine import machine_facts
 
 HOST_BOUND_BELOW = 0.9
 """train / staged under this: the host, not the device, limits training."""
@@ -112,8 +111,7 @@ def run(args: argparse.Namespace) -> int:
         "device": str(jax.devices()[0].device_kind),
         "tilecore_version": tc.__version__,
         "jax_version": jax.__version__,
-        "python": platform.python_version(),
-        "cpu_count": os.cpu_count(),
+        **machine_facts(),
     }
     verdict = _verdict(result, cpu=jax.default_backend() == "cpu")
     print(f"train {median['train']:,.0f}, staged (device ceiling) {median['staged']:,.0f}, "

@@ -7,10 +7,18 @@ from typing import Any
 import numpy as np
 
 from ..preprocessing import Ragged
+from ..preprocessing._coo_kernels import row_splits
 
 
 def as_input(value: Any) -> Any:
-    """Array-likes (e.g. `jax.Array`) as numpy arrays; other input forms unchanged."""
+    """Array-likes (e.g. `jax.Array`) as numpy arrays; other input forms unchanged.
+
+    A `[batch, 1]` object array (one ragged row per sample, as data loaders that keep
+    a trailing feature axis build it) is squeezed to `[batch]`, as the reference does.
+    """
+    if isinstance(value, np.ndarray) and value.dtype == object and value.ndim == 2 \
+            and value.shape[1] == 1:
+        return value.reshape(-1)
     if isinstance(value, np.ndarray | Ragged) or not hasattr(value, "__array__"):
         return value
     if hasattr(value, "tocsr") and hasattr(value, "nnz"):  # scipy.sparse
@@ -32,6 +40,9 @@ def coo_to_ragged(feature: str, indices: Any, values: Any, dense_shape: Any) -> 
     if shape.size < 1:
         raise ValueError(f"Feature {feature!r}: dense_shape must hold the batch size first.")
     batch = int(shape[0])
+    if batch < 0:
+        raise ValueError(f"Feature {feature!r}: dense_shape[0] (the batch) must be >= 0, got "
+                         f"{batch}.")
     if indices.size == 0 and values.size == 0:
         rows = np.zeros(0, np.int64)
     elif indices.ndim != 2 or indices.shape[0] != values.shape[0] or indices.shape[1] < 1:
@@ -40,16 +51,13 @@ def coo_to_ragged(feature: str, indices: Any, values: Any, dense_shape: Any) -> 
             f"(row, column) pair per value), got {indices.shape}."
         )
     else:
-        rows = indices[:, 0].astype(np.int64)
-    if rows.size and (rows.min() < 0 or rows.max() >= batch):
-        bad = int(rows[(rows < 0) | (rows >= batch)][0])
+        rows = indices[:, 0]  # a strided view: not copied when int32 or int64
+        if rows.dtype.type not in (np.int32, np.int64):
+            rows = rows.astype(np.int64)
+    splits, bad, order = row_splits(rows, batch)
+    if bad >= 0:
         raise ValueError(
-            f"Feature {feature!r}: sparse row index {bad} is outside [0, {batch}) given by "
-            f"dense_shape[0]={batch}."
+            f"Feature {feature!r}: sparse row index {int(rows[bad])} is outside [0, {batch}) given "
+            f"by dense_shape[0]={batch}."
         )
-    if rows.size > 1 and np.any(rows[1:] < rows[:-1]):
-        order = np.argsort(rows, kind="stable")
-        rows, values = rows[order], values[order]
-    splits = np.zeros(batch + 1, np.int64)
-    np.cumsum(np.bincount(rows, minlength=batch), out=splits[1:])
-    return Ragged(values=values, row_splits=splits)
+    return Ragged(values=values if order is None else values[order], row_splits=splits)

@@ -11,6 +11,8 @@ import numpy as np
 
 from ..specs import FeatureSpec
 from ._kernels import row_length_range
+from ._object_rows import ID_DTYPES, WEIGHT_DTYPES, read_rows
+from ._ragged_kernels import all_one
 from ._types import Ragged
 
 _ID_DTYPES = (np.int32, np.int64)
@@ -133,14 +135,38 @@ def _concatenate(feature: str, rows: np.ndarray, total: int, what: str) -> np.nd
     return flat
 
 
-def _from_object_array(feature: str, rows: np.ndarray, weights: Any) -> Csr:
+def _from_rows(rows: Any, weights: Any, threads: int = 1) -> Csr | None:
+    """The fast route for ragged rows (see `_object_rows`); None: take the general path."""
+    ids = read_rows(rows, ID_DTYPES, threads)
+    if ids is None:
+        return None
+    w = None if weights is None else read_rows(weights, WEIGHT_DTYPES, threads)
+    if weights is not None and (w is None or not np.array_equal(w.lengths, ids.lengths)):
+        return None  # the general path names the mismatch
+    splits = ids.splits()
+    values = ids.values(splits) if splits[-1] else np.zeros(0, np.int32)
+    if w is None or w.all_one():  # weights of one: dropped, as `to_csr` does
+        return Csr(values, splits, None)
+    return Csr(values, splits, w.values(splits, np.dtype(np.float32)))
+
+
+def _from_object_array(feature: str, rows: np.ndarray, weights: Any, threads: int) -> Csr:
+    fast = _from_rows(rows, weights, threads)
+    return fast if fast is not None else _general_object_array(feature, rows, weights)
+
+
+def _general_object_array(feature: str, rows: np.ndarray, weights: Any) -> Csr:
+    """Any object array of rows (lists, arrays of mixed dtypes): the oracle of `_from_rows`."""
     lengths = _row_lengths(feature, rows, "IDs")
     splits = np.zeros(len(rows) + 1, dtype=np.int64)
     np.cumsum(lengths, out=splits[1:])
     values = _ids(feature, _concatenate(feature, rows, int(splits[-1]), "IDs"), "the ragged rows")
     if weights is None:
         return Csr(values, splits, None)
-    weights = np.asarray(weights, dtype=object) if not isinstance(weights, np.ndarray) else weights
+    if isinstance(weights, list | tuple):  # one object per row, even if all rows are as long
+        weights = np.fromiter(weights, dtype=object, count=len(weights))
+    elif not isinstance(weights, np.ndarray):
+        weights = np.asarray(weights, dtype=object)
     if weights.shape != rows.shape:
         raise ValueError(
             f"Feature {feature!r}: {weights.shape[0] if weights.ndim else 0} weight rows for "
@@ -156,10 +182,11 @@ def _from_object_array(feature: str, rows: np.ndarray, weights: Any) -> Csr:
     return Csr(values, splits, _weights(feature, flat, values.shape, "the ragged weights"))
 
 
-def to_csr(feature: FeatureSpec, value: Any, weights: Any) -> Csr:
-    """Validate one feature's input (any accepted form) and return it as CSR."""
-    csr = _to_csr(feature, value, weights)
-    if csr.weights is not None and bool(np.all(csr.weights == 1.0)):
+def to_csr(feature: FeatureSpec, value: Any, weights: Any, *, num_threads: int = 1) -> Csr:
+    """Validate one feature's input (any accepted form) and return it as CSR (object
+    arrays of many rows are read by up to `num_threads` threads)."""
+    csr = _to_csr(feature, value, weights, num_threads)
+    if csr.weights is not None and bool(all_one(csr.weights)):
         # Gains from weights of one equal the unweighted gains bit for bit; the
         # unweighted path is faster.
         csr = Csr(csr.values, csr.splits, None, csr.width)
@@ -169,7 +196,7 @@ def to_csr(feature: FeatureSpec, value: Any, weights: Any) -> Csr:
     return csr
 
 
-def _to_csr(feature: FeatureSpec, value: Any, weights: Any) -> Csr:
+def _to_csr(feature: FeatureSpec, value: Any, weights: Any, threads: int) -> Csr:
     name = feature.name
     if isinstance(value, Ragged):
         if weights is not None and value.weights is not None:
@@ -193,16 +220,19 @@ def _to_csr(feature: FeatureSpec, value: Any, weights: Any) -> Csr:
     if isinstance(value, np.ndarray) and value.dtype == object:
         if value.ndim != 1:
             raise ValueError(f"Feature {name!r}: a ragged object array must be 1-D.")
-        return _from_object_array(name, value, weights)
+        return _from_object_array(name, value, weights, threads)
     if isinstance(value, list | tuple):
         try:
             value = np.asarray(value)
         except ValueError:  # rows of different lengths: ragged Python rows
+            fast = _from_rows(value, weights, threads)
+            if fast is not None:
+                return fast
             rows = np.empty(len(value), dtype=object)
             rows[:] = [np.asarray(r) for r in value]
-            return _from_object_array(name, rows, weights)
+            return _from_object_array(name, rows, weights, threads)
         if value.dtype == object:
-            return _from_object_array(name, value, weights)
+            return _from_object_array(name, value, weights, threads)
     if isinstance(value, np.ndarray):
         dense = _ids(name, value, "the dense input")
         if dense.ndim == 1:

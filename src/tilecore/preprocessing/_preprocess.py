@@ -188,9 +188,9 @@ def _raise_input_error(code: int, feature: FeatureSpec, csr: Csr, where: int) ->
 
 
 def _feature_csr(plan: StackingPlan, layout: PlanLayout, feature: FeatureSpec,
-                 inputs: Mapping[str, Any], weights: Mapping[str, Any]) -> Csr:
+                 inputs: Mapping[str, Any], weights: Mapping[str, Any], threads: int) -> Csr:
     """One feature's validated CSR rows, checked against the rows the plan expects."""
-    csr = to_csr(feature, inputs[feature.name], weights.get(feature.name))
+    csr = to_csr(feature, inputs[feature.name], weights.get(feature.name), num_threads=threads)
     expected = layout.local_rows[feature.name]
     if csr.num_rows != expected:
         raise ValueError(
@@ -299,7 +299,7 @@ def preprocess(
         for name in plan.stacks:
             features = layout.stack_features[name]
             for feature in features:
-                csrs[feature.name] = _feature_csr(plan, layout, feature, inputs, weights)
+                csrs[feature.name] = _feature_csr(plan, layout, feature, inputs, weights, threads)
             job = _make_job(layout.stack(plan, name), tuple(csrs[f.name] for f in features),
                             topo, plan.config.enable_minibatching)
             jobs.append(job)

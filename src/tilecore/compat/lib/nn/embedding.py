@@ -68,6 +68,9 @@ from ..._results import SparseDenseMatmulInput as SparseDenseMatmulInput
 from ..._results import SparseDenseMatmulInputStats as SparseDenseMatmulInputStats
 from ..._results import to_reference
 from ..._specs import FeatureSpec, StackedTableSpec, TableSpec
+from ..._utils_embedding import EmbeddingVariablesInitializer as EmbeddingVariablesInitializer
+from ..._utils_embedding import get_all_reduce_interface as get_all_reduce_interface
+from ..._utils_embedding import sharding_strategy_to_enum as sharding_strategy_to_enum
 from . import embedding_spec as embedding_spec
 from . import table_stacking as table_stacking
 from .table_stacking import LimitsCallable as LimitsCallable
@@ -79,6 +82,7 @@ ArrayLike = Any
 
 __all__ = [
     "EmbeddingVariables",
+    "EmbeddingVariablesInitializer",
     "LimitsCallable",
     "PreprocessedInput",
     "SparseDenseMatmulInput",
@@ -96,6 +100,7 @@ __all__ = [
     "prepare_feature_specs_for_training",
     "preprocess_sparse_dense_matmul_input",
     "preprocess_sparse_dense_matmul_input_from_sparse_tensor",
+    "sharding_strategy_to_enum",
     "stack_embedding_gradients",
     "tpu_sparse_dense_matmul",
     "tpu_sparse_dense_matmul_grad",
@@ -211,20 +216,6 @@ def compute_coo_buffer_size_per_device(
     return {name: coo_buffer_size_per_device(stack, plan.topology,
                                              enable_minibatching=enable_minibatching)
             for name, stack in plan.stacks.items()}
-
-
-def get_all_reduce_interface(
-    peer_addresses: Sequence[str],
-    minibatching_port: int,
-    host_id: int | None = None,
-    host_count: int | None = None,
-) -> Any:
-    """Not supported yet: minibatching (and its cross-host all-reduce) is issue 'Minibatching'."""
-    del peer_addresses, minibatching_port, host_id, host_count
-    raise NotImplementedError(
-        "get_all_reduce_interface: minibatching is not supported by tilecore yet (issue "
-        "'Minibatching'); preprocess without enable_minibatching."
-    )
 
 
 def _preprocess(
