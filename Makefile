@@ -3,22 +3,35 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+DEV_STAMP := $(VENV)/.installed-dev
 BENCH_DIR := bench-results
+TRAIN_DIR := tilecore-train
 
-.PHONY: install demo test reference-test bench clean
+.PHONY: install install-dev demo test reference-test bench clean
 
+# tilecore and its runtime dependencies only (what `make demo` needs).
 install: $(STAMP)
 
-# Reinstall only when the project's metadata changes.
+# Plus the development tools (pytest, ruff, pyright, ...) that `make test` runs.
+install-dev: $(DEV_STAMP)
+
+# Reinstall only when the project's metadata changes. A dev install is also a runtime
+# install, so it renews both stamps: `make test` then `make demo` installs nothing more.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e .
 	touch $(STAMP)
 
+$(DEV_STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP) $(DEV_STAMP)
+
+# Each run writes a new $(TRAIN_DIR)/run-NNN, so the demo can run any number of times.
 demo: install
 	$(BIN)/tilecore train
 
-test: install
+test: install-dev
 	$(BIN)/ruff check src tests examples
 	$(BIN)/pyright --pythonpath $(BIN)/python
 	$(BIN)/python -m pytest
@@ -35,7 +48,7 @@ $(REFERENCE_STAMP):
 	$(REFERENCE_VENV)/bin/python -m pip install --quiet 'jax-tpu-embedding==0.2.0'
 	touch $(REFERENCE_STAMP)
 
-reference-test: install $(REFERENCE_STAMP)
+reference-test: install-dev $(REFERENCE_STAMP)
 	$(BIN)/python -m pytest tests/test_reference_*.py
 
 # Host-preprocessing throughput, one JSON file per run under bench-results/.
@@ -49,4 +62,4 @@ bench: install
 	done
 
 clean:
-	rm -rf $(VENV) $(REFERENCE_VENV) $(BENCH_DIR) build dist src/*.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(REFERENCE_VENV) $(BENCH_DIR) $(TRAIN_DIR) build dist src/*.egg-info .pytest_cache .ruff_cache .hypothesis

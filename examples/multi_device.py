@@ -9,8 +9,11 @@ on GPUs or TPUs the same code uses the real ones.
 The script trains two tables (Adam and Adagrad, one of them serving two
 features) and an optax dense model for a few steps on the mesh, then repeats the
 run on one device from the same initial values: the losses and the final tables
-agree (up to float summation order).
+agree (up to float summation order). The limits of both plans are tuned on the
+batches first (`tilecore.fdo.tune_limits`): the default limits are a heuristic,
+and a batch over them would raise `LimitExceededError`.
 
+    python examples/multi_device.py                 # 4 devices x 4 SparseCores, batch 1024
     python examples/multi_device.py --devices 4 --sc-per-device 2 --tiny
 """
 
@@ -25,6 +28,7 @@ from typing import Any
 import numpy as np
 
 import tilecore as tc
+from tilecore.fdo import tune_limits
 
 AXIS = "sparsecore"
 
@@ -64,6 +68,21 @@ def make_batches(features: list[tc.FeatureSpec], steps: int) -> list[dict[str, n
         ids["label"] = (ids["user"][:, 0] % 2).astype(np.float32)  # learnable from the user
         out.append(ids)
     return out
+
+
+def plans(args: argparse.Namespace
+          ) -> tuple[tc.StackingPlan, tc.StackingPlan, list[dict[str, np.ndarray]]]:
+    """The mesh's plan, the one-device plan and the batches; both plans' limits tuned on
+    the batches, so that none of them exceeds a limit."""
+    features = feature_specs(args.batch)
+    batches = make_batches(features, args.steps)
+    sparse = [{name: ids[name] for name in (f.name for f in features)} for ids in batches]
+    tuned = []
+    for devices in (args.devices, 1):
+        topology = tc.Topology(global_devices=devices, sc_per_device=args.sc_per_device)
+        plan, _ = tune_limits(tc.plan_stacking(features, topology), sparse, num_threads=1)
+        tuned.append(plan)
+    return tuned[0], tuned[1], batches
 
 
 def train(plan: tc.StackingPlan, tables: dict[str, np.ndarray], batches: list[dict[str, Any]],
@@ -123,13 +142,10 @@ def main(argv: list[str] | None = None) -> None:
 
     from tilecore import ops
 
-    features = feature_specs(args.batch)
-    batches = make_batches(features, args.steps)
-    topology = tc.Topology(global_devices=args.devices, sc_per_device=args.sc_per_device)
-    plan = tc.plan_stacking(features, topology)
+    plan, single, batches = plans(args)
     mesh = jax.make_mesh((args.devices,), (AXIS,), devices=jax.devices()[: args.devices])
     print(f"{args.devices} devices x {args.sc_per_device} SparseCores = "
-          f"{topology.num_partitions} partitions; stacks {sorted(plan.stacks)}")
+          f"{plan.topology.num_partitions} partitions; stacks {sorted(plan.stacks)}")
 
     # Initial values from init_tables on the mesh, reused for the one-device run.
     initial = {name: np.asarray(v.table)
@@ -139,8 +155,6 @@ def main(argv: list[str] | None = None) -> None:
     for step, loss in enumerate(losses):
         print(f"step {step}: loss {loss:.5f}")
 
-    single = tc.plan_stacking(features, tc.Topology(global_devices=1,
-                                                    sc_per_device=args.sc_per_device))
     single_losses, single_final = train(single, tables, batches, None)
     np.testing.assert_allclose(losses, single_losses, rtol=1e-4)
     for name in final:

@@ -78,3 +78,45 @@ def test_bad_options_exit_with_a_message(capsys: pytest.CaptureFixture[str]) -> 
     assert main(["bench", "preprocess", "--repeats", "0", *TINY]) == 2
     with pytest.raises(SystemExit):
         main(["demo", "--workload", "nope"])
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["train", "--batch-size", "0"], "--batch-size: must be an integer >= 1, got '0'"),
+    (["train", "--batch-size", "-8"], "--batch-size: must be an integer >= 1, got '-8'"),
+    (["train", "--steps", "0"], "--steps: must be an integer >= 1, got '0'"),
+    (["train", "--steps", "-3"], "--steps: must be an integer >= 1, got '-3'"),
+    (["train", "--eval-every", "0"], "--eval-every: must be an integer >= 1, got '0'"),
+    (["train", "--prefetch", "-1"], "--prefetch: must be an integer >= 0, got '-1'"),
+    (["train", "--learning-rate", "0"], "--learning-rate: must be a number > 0, got '0'"),
+    (["train", "--headroom", "nan"], "--headroom: must be a number >= 0, got 'nan'"),
+    (["train", "--vocab-sizes", "10,x"], "--vocab-sizes: must be integers >= 1 separated"),
+    (["train", "--vocab-sizes", "10,0"], "got '10,0'"),
+    (["train", "--topology", "4"], "--topology: topology must look like LxS"),
+    (["train", "--threads", "0"], "--threads: must be an integer >= 1, got '0'"),
+    (["train", "--checkpoint-every", "0"], "--checkpoint-every: must be an integer >= 1"),
+    (["limits", "--batches", "0"], "--batches: must be an integer >= 1, got '0'"),
+    (["limits", "--batch-size", "-1"], "--batch-size: must be an integer >= 1, got '-1'"),
+    (["limits", "--topology", "1x4", "one"], "--topology: topology must look like LxS"),
+    (["limits", "--workload", "nope"], "--workload: invalid choice: 'nope'"),
+    (["bench", "preprocess", "--threads", "-2"], "--threads: must be an integer >= 1, got '-2'"),
+    (["bench", "preprocess", "--workload", "nope"], "--workload: invalid choice: 'nope'"),
+])
+def test_bad_values_are_usage_errors_naming_the_flag(
+        argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"tilecore {argv[0]}" in err and message in err, err
+    assert "_" not in err.split("error:")[1].replace("--", "")  # no internal function names
+
+
+def test_version_is_the_packaged_one(capsys: pytest.CaptureFixture[str]) -> None:
+    import tomllib
+
+    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    version = tomllib.loads(pyproject.read_text())["project"]["version"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"tilecore {version}"

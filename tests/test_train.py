@@ -160,11 +160,99 @@ def test_cli_resume_with_other_tables_lists_the_mismatch(
     assert "cannot resume" in err and "1 mismatch" not in err
     for name in ("c00", "c01", "c02", "c03"):
         assert f"table {name!r}: embedding_dim saved=8, expected=16" in err
-    assert main(base) == 2  # without --resume a run must not mix with the saved one
-    assert "already holds checkpoints (latest: step 4)" in capsys.readouterr().err
-    assert main([*base, "--resume", "--steps", "4"]) == 2
-    assert "nothing is left to train" in capsys.readouterr().err
+    assert main(base) == 2  # without --resume or --overwrite a run must not mix with it
+    err = capsys.readouterr().err
+    assert f"--out {out} already holds a run (checkpoint, loss_auc.png" in err
+    assert "Continue it with --resume, start over with --overwrite" in err
     assert checkpoint.available_steps(out / "checkpoint") == (4,)
+
+
+def test_runs_in_a_row_get_new_directories_and_resume_continues_the_newest(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same command twice writes two runs; --resume then continues the newest for
+    --steps more steps on another topology (converting its tables), plotting true steps."""
+    from tilecore.training import _plots
+
+    monkeypatch.chdir(tmp_path)
+    base = ["train", "--steps", "2", "--eval-every", "2", *TINY, "--no-pipelining"]
+    assert main(base) == 0 and main(base) == 0
+    root = tmp_path / "tilecore-train"
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "run-001", "run-002"]
+    assert (root / "latest").resolve() == (root / "run-002").resolve()
+    for run in ("run-001", "run-002"):
+        assert checkpoint.available_steps(root / run / "checkpoint") == (2,)
+    capsys.readouterr()
+    plotted: list[list[list[float]]] = []
+    png = _plots._png
+
+    def capture(fig: object) -> bytes:
+        plotted.append([list(line.get_xdata()) for line in fig.axes[0].lines])  # type: ignore[attr-defined]
+        return png(fig)
+
+    monkeypatch.setattr(_plots, "_png", capture)
+    assert main([*base, "--resume", "--steps", "3", "--sc-per-device", "4"]) == 0  # TINY: 2
+    printed = capsys.readouterr().out
+    assert "resuming the newest run, tilecore-train/run-002" in printed
+    assert "saved on topology 1x2; converting its tables and optimizer slots to 1x4" in printed
+    assert "steps 3-5 on 1x4" in printed
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "run-001", "run-002"]
+    result = json.loads((root / "run-002" / "summary.json").read_text())
+    assert result["start_step"] == 2 and result["steps"] == 5 and result["topology"] == "1x4"
+    assert len(result["train_losses"]) == 3 and [e["step"] for e in result["evals"]] == [4, 5]
+    assert checkpoint.available_steps(root / "run-002" / "checkpoint") == (2, 5)
+    assert checkpoint.read_metadata(root / "run-002" / "checkpoint")["topology"][
+        "sc_per_device"] == 4
+    assert plotted[0] == [[3, 4, 5], [4, 5]]  # per-step train loss, held-out loss
+
+
+def test_child_process_command_line_reproduces_the_options() -> None:
+    """With too few CPU devices, `train` runs itself again in a child process with the
+    command line `_argv` rebuilds: it must parse back to the same options."""
+    from tilecore.cli import _train
+    from tilecore.cli._main import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(["train", *TINY, "--devices", "2", "--resume", "--steps", "7",
+                              "--learning-rate", "0.25", "--out", "somewhere"])
+    again = parser.parse_args(_train._argv(args, _train._topology(args)))
+    assert again.topology == tc.Topology(global_devices=2, sc_per_device=2)
+    for name in ("steps", "batch_size", "vocab_sizes", "learning_rate", "resume", "overwrite",
+                 "out", "threads", "embedding_dim", "pipelining"):
+        assert getattr(again, name) == getattr(args, name), name
+
+
+def test_run_directories_out_resume_and_overwrite(tmp_path: Path) -> None:
+    """Where a run writes: new numbered runs, --out refused when it holds a run unless
+    --resume or --overwrite, and --overwrite deletes only what a run writes."""
+    from tilecore.cli import _runs
+
+    root = tmp_path / "runs"
+    first = _runs.resolve(None, resume=True, overwrite=False, root=root)
+    assert first.path == root / "run-001" and first.start_step == 0
+    assert "nothing to resume" in first.note
+    second = _runs.resolve(None, resume=False, overwrite=False, root=root)
+    assert second.path == root / "run-002" and (root / "latest").resolve() == second.path
+    _runs.discard_if_empty(second.path)  # a failed run: gone, latest back on the one before
+    assert _runs.runs(root) == [first.path] and (root / "latest").resolve() == first.path
+    assert _runs.newest_run(root) is None  # no run has a checkpoint
+    with pytest.raises(ValueError, match="--overwrite needs --out DIR"):
+        _runs.resolve(None, resume=False, overwrite=True, root=root)
+
+    out = tmp_path / "out"
+    (out / "checkpoint" / "3").mkdir(parents=True)
+    (out / "summary.json").write_text("{}")
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match=r"already holds a run \(checkpoint, summary.json\)"
+                                         r"\. Continue it with --resume, start over with "
+                                         r"--overwrite"):
+        _runs.resolve(out, resume=False, overwrite=False)
+    again = _runs.resolve(out, resume=False, overwrite=True)
+    assert again.start_step == 0 and again.note == f"overwriting {out}"
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    assert _runs.resolve(out, resume=True, overwrite=False).start_step == 0  # nothing saved
+    with pytest.raises(ValueError, match=r"notes\.txt is a file; name a directory"):
+        _runs.resolve(out / "notes.txt", resume=False, overwrite=True)
 
 
 def _tiny_source() -> data.ClickDataset:
@@ -293,10 +381,14 @@ def test_train_from_files(tmp_path: Path) -> None:
 
 
 def test_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["train", "--steps", "0"]) == 2
     assert main(["train", "--topology", "2x4", "--devices", "1"]) == 2
-    err = capsys.readouterr().err
-    assert "--steps must be >= 1" in err and "contradicts --topology" in err
+    assert "--devices 1 contradicts --topology 2x4" in capsys.readouterr().err
+    assert main(["train", "--overwrite"]) == 2  # nothing to overwrite: every run is new
+    assert "--overwrite needs --out DIR" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--resume", "--overwrite", "--out", "somewhere"])
+    assert exit_info.value.code == 2
+    assert "--overwrite: not allowed with argument --resume" in capsys.readouterr().err
 
 
 def test_two_devices_in_a_subprocess(tmp_path: Path) -> None:
@@ -474,7 +566,8 @@ def test_input_workers_stop_on_early_exit_and_ignore_ctrl_c() -> None:
 
 
 def test_input_processes_option_is_checked(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["train", "--input-processes", "-1"]) == 2
-    assert "--input-processes must be >= 0, got -1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["train", "--input-processes", "-1"])
+    assert "--input-processes: must be an integer >= 0, got '-1'" in capsys.readouterr().err
     with pytest.raises(ValueError, match="input_processes must be an integer >= 0"):
         _tiny_config(input_processes=-2)

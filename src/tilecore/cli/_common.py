@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -16,6 +17,8 @@ import tilecore as tc
 from tilecore import data
 from tilecore.preprocessing import resolve_num_threads
 
+from ._options import positive_int
+
 _TOPOLOGY = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$")
 
 
@@ -29,6 +32,14 @@ def parse_topology(text: str) -> tc.Topology:
         )
     devices, sc = int(match[1]), int(match[2])
     return tc.Topology(global_devices=devices, sc_per_device=sc)
+
+
+def topology_arg(text: str) -> tc.Topology:
+    """argparse type of a `--topology LxS` option: a bad value is a usage error naming it."""
+    try:
+        return parse_topology(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def effective_threads(threads: int | None) -> int:
@@ -116,6 +127,6 @@ def add_workload_option(parser: Any, default: str = "criteo") -> None:
 
 def add_threads_option(parser: Any) -> None:
     """`--threads`: preprocessing worker threads."""
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--threads", type=positive_int, default=None,
                         help="preprocessing threads (default $TILECORE_NUM_THREADS, else the "
                              "CPU count)")

@@ -11,8 +11,9 @@ from typing import Any, TextIO
 import tilecore as tc
 from tilecore import data
 
-from ._common import parse_topology, write_file, write_json
+from ._common import topology_arg, write_file, write_json
 from ._limits_scan import report, scan
+from ._options import positive_int
 
 
 def add_parser(subparsers: Any) -> None:
@@ -33,10 +34,11 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--workload", default="criteo", choices=sorted(data.WORKLOADS),
                    help="built-in workload; with --data it gives the feature specs "
                         "(default criteo)")
-    p.add_argument("--topology", nargs="+", action="extend", default=None, metavar="LxS",
+    p.add_argument("--topology", nargs="+", action="extend", type=topology_arg, default=None,
+                   metavar="LxS",
                    help="one or more topologies, L devices x S SparseCores (default 1x4)")
-    p.add_argument("--batches", type=int, default=8, help="batches to scan (default 8)")
-    p.add_argument("--batch-size", type=int, default=None,
+    p.add_argument("--batches", type=positive_int, default=8, help="batches to scan (default 8)")
+    p.add_argument("--batch-size", type=positive_int, default=None,
                    help="samples per batch (default: the workload's, or --data's rows)")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     p.add_argument("--data", type=Path, default=None, metavar="PATH",
@@ -89,11 +91,7 @@ class Progress:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.batches < 1:
-        raise ValueError(f"limits: --batches must be >= 1, got {args.batches}.")
-    if args.batch_size is not None and args.batch_size < 1:
-        raise ValueError(f"limits: --batch-size must be >= 1, got {args.batch_size}.")
-    topologies = [parse_topology(t) for t in (args.topology or ["1x4"])]
+    topologies = args.topology or [tc.Topology(global_devices=1, sc_per_device=4)]
     if args.data is not None:
         workload, batches = _data_batch(args)
         count = 1

@@ -2,7 +2,8 @@
 
 A thin driver over `tilecore.training.train`: it builds the data source and the
 config from the options, makes sure JAX sees `--devices` CPU devices (the flag
-must be set before JAX starts), and writes the summary, plots and checkpoint.
+must be set before JAX starts), picks the run's directory (`_runs`: a new one per
+run unless `--out`) and writes the summary, plots and checkpoint there.
 """
 
 from __future__ import annotations
@@ -15,14 +16,15 @@ from typing import Any
 
 import tilecore as tc
 
-from ._common import add_threads_option, parse_topology, write_file, write_json
+from . import _runs
+from ._common import add_threads_option, topology_arg, write_file, write_json
 from ._devices import RERUN_ENV, with_device_count
+from ._options import int_list, nonnegative_float, nonnegative_int, positive_float, positive_int
 
 OPTIMIZERS = {"sgd": tc.SGD, "adagrad": tc.Adagrad, "adagrad_momentum": tc.AdagradMomentum,
               "adam": tc.Adam, "ftrl": tc.FTRL, "laprop": tc.LaProp}
 DEFAULT_LR = {"sgd": 0.5, "adagrad": 0.3, "adagrad_momentum": 0.1, "adam": 0.01, "ftrl": 0.3,
               "laprop": 0.01}
-DEFAULT_OUT = Path("tilecore-train")
 DEFAULT_BATCH = 1024
 
 
@@ -34,42 +36,49 @@ def add_parser(subparsers: Any) -> None:
             "click data whose labels come from a hidden model (or --data files): limits tuned "
             "by FDO first (batches over them split into minibatches), preprocessing prefetched "
             "in background threads (or --input-processes worker processes), periodic held-out "
-            "evaluation (loss, AUC), Orbax "
-            "checkpoints (--resume continues from them), a summary (JSON) and PNG plots in "
-            "--out."),
+            "evaluation (loss, AUC), Orbax checkpoints, a summary (JSON) and PNG plots. "
+            f"Each run writes to a new directory, {_runs.DEFAULT_ROOT}/run-NNN "
+            f"({_runs.DEFAULT_ROOT}/latest points at the newest), unless --out names one; "
+            "--resume continues the newest run (or --out's) and --overwrite starts --out "
+            "over."),
     )
-    p.add_argument("--steps", type=int, default=1000, help="training steps (default 1000)")
-    p.add_argument("--batch-size", type=int, default=None,
+    p.add_argument("--steps", type=positive_int, default=1000,
+                   help="steps to train in this run (default 1000); with --resume, steps "
+                        "added to the checkpoint's (resuming step 1000 with --steps 500 "
+                        "trains steps 1001-1500)")
+    p.add_argument("--batch-size", type=positive_int, default=None,
                    help=f"examples per step (default {DEFAULT_BATCH}; --data fixes it)")
-    p.add_argument("--eval-every", type=int, default=200, help="steps between evaluations "
-                   "(default 200; also after the last step)")
-    p.add_argument("--eval-batches", type=int, default=4, help="held-out batches (default 4)")
+    p.add_argument("--eval-every", type=positive_int, default=200,
+                   help="steps between evaluations (default 200; also after the last step)")
+    p.add_argument("--eval-batches", type=positive_int, default=4,
+                   help="held-out batches (default 4)")
     p.add_argument("--optimizer", default="adagrad", choices=sorted(OPTIMIZERS),
                    help="optimizer of the tables (default adagrad)")
-    p.add_argument("--learning-rate", type=float, default=None,
+    p.add_argument("--learning-rate", type=positive_float, default=None,
                    help="tables' learning rate (default per optimizer, adagrad 0.3)")
-    p.add_argument("--dense-learning-rate", type=float, default=1e-2,
+    p.add_argument("--dense-learning-rate", type=positive_float, default=1e-2,
                    help="Adam's learning rate for the dense model (default 0.01)")
-    p.add_argument("--embedding-dim", type=int, default=16, help="embedding width (default 16)")
-    p.add_argument("--vocab-sizes", default=None, metavar="V1,V2,...",
+    p.add_argument("--embedding-dim", type=positive_int, default=16,
+                   help="embedding width (default 16)")
+    p.add_argument("--vocab-sizes", type=int_list, default=None, metavar="V1,V2,...",
                    help="vocabulary of each synthetic feature (default: 8 features, 500..100000)")
-    p.add_argument("--devices", type=int, default=None,
+    p.add_argument("--devices", type=positive_int, default=None,
                    help="devices of the mesh (default 1). On CPU, JAX is started with "
                         "XLA_FLAGS=--xla_force_host_platform_device_count=N")
-    p.add_argument("--sc-per-device", type=int, default=None,
+    p.add_argument("--sc-per-device", type=positive_int, default=None,
                    help="logical SparseCores per device (default 4)")
-    p.add_argument("--topology", default=None, metavar="LxS",
+    p.add_argument("--topology", type=topology_arg, default=None, metavar="LxS",
                    help="devices x SparseCores in one option, e.g. 2x4")
-    p.add_argument("--prefetch", type=int, default=2,
+    p.add_argument("--prefetch", type=nonnegative_int, default=2,
                    help="batches preprocessed ahead in background threads (default 2)")
-    p.add_argument("--input-processes", type=int, default=0, metavar="N",
+    p.add_argument("--input-processes", type=nonnegative_int, default=0, metavar="N",
                    help="generate and preprocess batches in N worker processes instead of "
                         "threads (no GIL contention with the training loop; for many-core "
                         "hosts; default 0: threads)")
     add_threads_option(p)
-    p.add_argument("--tune-batches", type=int, default=4,
+    p.add_argument("--tune-batches", type=positive_int, default=4,
                    help="batches the limits are tuned on before training (default 4)")
-    p.add_argument("--headroom", type=float, default=0.1,
+    p.add_argument("--headroom", type=nonnegative_float, default=0.1,
                    help="tuned limits x (1 + headroom) (default 0.1)")
     p.add_argument("--minibatching", action=argparse.BooleanOptionalAction, default=True,
                    help="split batches over the tuned limits into minibatches instead of "
@@ -79,15 +88,22 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--data", type=Path, default=None, metavar="DIR",
                    help="read batches from .npz files (tilecore.data.write_click_files)")
     p.add_argument("--seed", type=int, default=0, help="data and model seed (default 0)")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR",
-                   help=f"checkpoint, plots and summary.json go here (default ./{DEFAULT_OUT})")
-    p.add_argument("--checkpoint-every", type=int, default=None, metavar="K",
+    p.add_argument("--out", type=Path, default=None, metavar="DIR",
+                   help="checkpoint, plots and summary.json go here (default: a new "
+                        f"./{_runs.DEFAULT_ROOT}/run-NNN per run); a DIR holding an earlier "
+                        "run needs --resume or --overwrite")
+    p.add_argument("--checkpoint-every", type=positive_int, default=None, metavar="K",
                    help="also save a checkpoint every K steps (default: only at the end); "
                         "the newest 2 are kept in OUT/checkpoint")
-    p.add_argument("--resume", action="store_true",
-                   help="continue from the newest checkpoint in OUT/checkpoint, if any (its "
-                        "step, tables, slots, dense parameters and optimizer state); --steps "
-                        "is the total")
+    again = p.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true",
+                       help=f"continue the newest run under ./{_runs.DEFAULT_ROOT}/ that has a "
+                            "checkpoint (or --out's): its step, tables, slots, dense "
+                            "parameters and optimizer state, then --steps more steps. Another "
+                            "topology is allowed: the tables are converted to it (and it is "
+                            "said)")
+    again.add_argument("--overwrite", action="store_true",
+                       help="start --out over: delete its checkpoint, plots and summary first")
     p.add_argument("--json", type=Path, default=None, metavar="PATH",
                    help="write the summary here (default OUT/summary.json)")
     p.add_argument("--profile", type=Path, default=None, metavar="DIR",
@@ -97,14 +113,22 @@ def add_parser(subparsers: Any) -> None:
 
 def _topology(args: argparse.Namespace) -> tc.Topology:
     if args.topology is not None:
-        topology = parse_topology(args.topology)
+        topology: tc.Topology = args.topology
         for flag, given, have in (("--devices", args.devices, topology.global_devices),
                                   ("--sc-per-device", args.sc_per_device, topology.sc_per_device)):
             if given is not None and given != have:
-                raise ValueError(f"{flag} {given} contradicts --topology {args.topology}; "
+                raise ValueError(f"{flag} {given} contradicts --topology {topology}; "
                                  "give one of them.")
         return topology
     return tc.Topology(global_devices=args.devices or 1, sc_per_device=args.sc_per_device or 4)
+
+
+def _saved_topology(run_dir: Path) -> str:
+    """The topology (`LxS`) the run's newest checkpoint was saved on."""
+    from tilecore import checkpoint
+
+    saved = checkpoint.read_metadata(run_dir / "checkpoint")["topology"]
+    return f"{saved['global_devices']}x{saved['sc_per_device']}"
 
 
 def _source(args: argparse.Namespace) -> Any:
@@ -115,13 +139,9 @@ def _source(args: argparse.Namespace) -> Any:
             raise ValueError("--data fixes the batch size and vocabularies; drop --batch-size "
                              "and --vocab-sizes.")
         return data.load_click_files(args.data)
-    sizes = {}
+    sizes: dict[str, Any] = {}
     if args.vocab_sizes is not None:
-        try:
-            sizes["vocab_sizes"] = tuple(int(v) for v in args.vocab_sizes.split(","))
-        except ValueError:
-            raise ValueError(f"--vocab-sizes must be integers separated by commas, got "
-                             f"{args.vocab_sizes!r}.") from None
+        sizes["vocab_sizes"] = args.vocab_sizes
         sizes["multi_hot"] = {k: 8 for k in (2, 5) if k < len(sizes["vocab_sizes"])}
     return data.clicks(seed=args.seed, batch_size=args.batch_size or DEFAULT_BATCH, **sizes)
 
@@ -144,15 +164,10 @@ def _ensure_devices(count: int, argv: list[str]) -> int | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    for name in ("steps", "eval_every", "eval_batches", "tune_batches", "embedding_dim"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}.")
-    for name in ("prefetch", "input_processes"):
-        if getattr(args, name) < 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}.")
-    if args.checkpoint_every is not None and args.checkpoint_every < 1:
-        raise ValueError(f"--checkpoint-every must be >= 1, got {args.checkpoint_every}.")
     topology = _topology(args)
+    if args.data is not None and (args.batch_size is not None or args.vocab_sizes is not None):
+        raise ValueError("--data fixes the batch size and vocabularies; drop --batch-size "
+                         "and --vocab-sizes.")
     status = _ensure_devices(topology.global_devices, _argv(args, topology))
     if status is not None:
         return status
@@ -160,21 +175,28 @@ def run(args: argparse.Namespace) -> int:
     from tilecore.checkpoint import CheckpointMismatchError
 
     source = _source(args)
+    run_dir = _runs.resolve(args.out, resume=args.resume, overwrite=args.overwrite)
+    print(f"tilecore train: {run_dir.note}", flush=True)
+    start, out = run_dir.start_step, run_dir.path
+    if start and (saved := _saved_topology(out)) != str(topology):
+        print(f"tilecore train: the checkpoint was saved on topology {saved}; converting its "
+              f"tables and optimizer slots to {topology} (devices x SparseCores)",
+              flush=True)
     optimizer = OPTIMIZERS[args.optimizer](
         learning_rate=args.learning_rate or DEFAULT_LR[args.optimizer])
     config = training.TrainConfig(
-        steps=args.steps, model=training.ModelConfig(embedding_dim=args.embedding_dim),
+        steps=start + args.steps, model=training.ModelConfig(embedding_dim=args.embedding_dim),
         table_optimizer=optimizer, dense_learning_rate=args.dense_learning_rate,
         topology=topology, eval_every=args.eval_every, eval_batches=args.eval_batches,
-        prefetch=args.prefetch, input_processes=args.input_processes, tune_batches=args.tune_batches, tune_headroom=args.headroom,
-        minibatching=args.minibatching,
-        pipelining=args.pipelining, num_threads=args.threads, seed=args.seed,
-        profile_dir=args.profile, checkpoint_dir=args.out / "checkpoint",
-        checkpoint_every=args.checkpoint_every, resume=args.resume,
+        prefetch=args.prefetch, input_processes=args.input_processes,
+        tune_batches=args.tune_batches, tune_headroom=args.headroom,
+        minibatching=args.minibatching, pipelining=args.pipelining, num_threads=args.threads,
+        seed=args.seed, profile_dir=args.profile, checkpoint_dir=out / "checkpoint",
+        checkpoint_every=args.checkpoint_every, resume=start > 0,
     )
+    steps = f"steps {start + 1}-{start + args.steps}" if start else f"{args.steps} steps"
     print(f"tilecore train: {len(source.features)} features, {source.num_dense} dense, batch "
-          f"{source.batch_size}, {args.steps} steps on {topology} (devices x SparseCores)",
-          flush=True)
+          f"{source.batch_size}, {steps} on {topology} (devices x SparseCores)", flush=True)
     try:
         result = training.train(source, config)
     except training.NonFiniteLossError as error:
@@ -185,29 +207,34 @@ def run(args: argparse.Namespace) -> int:
               f"(same --vocab-sizes, --embedding-dim and --optimizer as the saved run?). "
               f"{error}", file=sys.stderr)
         return 2
+    finally:
+        if args.out is None and not start:
+            _runs.discard_if_empty(out)  # a failed new run leaves no empty directory behind
     summary = result.summary
     print(summary.format())
-    write_file(args.out / "loss_auc.png", training.plot_curves(summary))
-    write_file(args.out / "partition_load.png", training.plot_partition_load(summary))
-    print(f"wrote {args.out / 'loss_auc.png'} and {args.out / 'partition_load.png'}")
+    write_file(out / "loss_auc.png", training.plot_curves(summary))
+    write_file(out / "partition_load.png", training.plot_partition_load(summary))
+    print(f"wrote {out / 'loss_auc.png'} and {out / 'partition_load.png'}")
     if summary.start_step:
         print(f"resumed from step {summary.start_step}")
     print(f"checkpoint {summary.checkpoint}")
     if args.profile is not None:
         print(f"profile trace in {args.profile} (open with TensorBoard or ui.perfetto.dev)")
-    write_json(args.json or args.out / "summary.json", summary.to_json())
+    write_json(args.json or out / "summary.json", summary.to_json())
     return 0
 
 
 def _argv(args: argparse.Namespace, topology: tc.Topology) -> list[str]:
     """The command line that reproduces `args` (for re-running in a child process)."""
-    argv = ["train", "--topology", f"{topology.global_devices}x{topology.sc_per_device}",
+    argv = ["train", "--topology", str(topology),
             "--pipelining" if args.pipelining else "--no-pipelining",
             "--minibatching" if args.minibatching else "--no-minibatching",
-            *(["--resume"] if args.resume else [])]
+            *(["--resume"] if args.resume else []), *(["--overwrite"] if args.overwrite else [])]
+    if args.vocab_sizes is not None:
+        argv += ["--vocab-sizes", ",".join(map(str, args.vocab_sizes))]
     for flag in ("steps", "batch_size", "eval_every", "eval_batches", "optimizer",
-                 "learning_rate", "dense_learning_rate", "embedding_dim", "vocab_sizes",
-                 "prefetch", "input_processes", "threads", "tune_batches", "headroom", "data", "seed", "out",
+                 "learning_rate", "dense_learning_rate", "embedding_dim", "prefetch",
+                 "input_processes", "threads", "tune_batches", "headroom", "data", "seed", "out",
                  "json", "profile", "checkpoint_every"):
         value = getattr(args, flag)
         if value is not None:

@@ -14,7 +14,9 @@ class TrainConfig:
     """Settings of a training run (the defaults are those of `tilecore train`).
 
     Attributes:
-      steps: training steps (one batch each).
+      steps: the global step to train up to (one batch per step): a run resumed from
+        a checkpoint at step k trains steps k + 1 … `steps` (`tilecore train --steps`
+        counts the steps to add instead).
       model: sizes of the dense model and the embedding width.
       table_optimizer: the tilecore optimizer of every table.
       dense_learning_rate: Adam's learning rate for the dense parameters.

@@ -211,7 +211,8 @@ def _resume_step(config: TrainConfig) -> int | None:
     if saved >= config.steps:
         raise ValueError(
             f"The checkpoint in {str(directory)!r} is at step {saved}, but the run has only "
-            f"{config.steps} steps: nothing is left to train. Ask for more steps (--steps).")
+            f"{config.steps} steps: nothing is left to train. Ask for more steps "
+            "(TrainConfig.steps is the step to stop at, counted from 0, not the steps to add).")
     return saved
 
 

@@ -25,10 +25,15 @@ def _png(fig: Any) -> bytes:
 
 
 def plot_curves(summary: TrainSummary) -> bytes:
-    """Training loss per step and held-out loss; held-out AUC on a second panel."""
+    """Training loss per step and held-out loss; held-out AUC on a second panel.
+
+    The x axis is the global step: a run resumed from step k plots steps k + 1 on, as
+    its held-out evaluations (`EvalPoint.step`) are numbered.
+    """
     plt = _pyplot()
     fig, (ax_loss, ax_auc) = plt.subplots(1, 2, figsize=(10, 3.6), constrained_layout=True)
-    steps = range(1, len(summary.train_losses) + 1)
+    first = summary.start_step + 1
+    steps = range(first, first + len(summary.train_losses))
     ax_loss.plot(steps, summary.train_losses, color="tab:blue", alpha=0.35, linewidth=0.8,
                  label="train (per step)")
     window = max(1, len(summary.train_losses) // 20)
@@ -37,7 +42,8 @@ def plot_curves(summary: TrainSummary) -> bytes:
         import numpy as np
 
         smooth = np.convolve(summary.train_losses, kernel, mode="valid")
-        ax_loss.plot(range(window, len(summary.train_losses) + 1), smooth, color="tab:blue",
+        ax_loss.plot(range(first + window - 1, first + len(summary.train_losses)), smooth,
+                     color="tab:blue",
                      label=f"train (mean of {window})")
     eval_steps = [e.step for e in summary.evals]
     ax_loss.plot(eval_steps, [e.loss for e in summary.evals], "o-", color="tab:orange",

@@ -119,8 +119,10 @@ class TrainSummary:
     def format(self) -> str:
         """The summary as a few lines of text."""
         first = self.evals[0] if self.evals else None
+        ran = (f"steps {self.start_step + 1}-{self.steps} (resumed from step {self.start_step})"
+               if self.start_step else f"{self.steps} steps")
         lines = [
-            f"trained {self.steps} steps x {self.batch_size} examples on {self.topology} "
+            f"trained {ran} x {self.batch_size} examples on {self.topology} "
             f"(devices x SparseCores), tables: {self.optimizer}, pipelining: "
             f"{'on' if self.pipelining else 'off'}"
             + (f" ({self.pipelining_note})" if self.pipelining_note else ""),

@@ -1,0 +1,64 @@
+"""argparse value types: a bad option value is a usage error naming the flag and the value.
+
+argparse prints `tilecore train: error: argument --batch-size: must be an integer >= 1,
+got '0'`, so every check here says what the value must be and what was received; the
+flag's name is added by argparse.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def _number(text: str, kind: type[int] | type[float], low: float, *, strict: bool = False
+            ) -> int | float:
+    """`text` as a `kind` >= `low` (> `low` when `strict`), else an argparse usage error."""
+    name = "an integer" if kind is int else "a number"
+    bound = f"> {low}" if strict else f">= {low}"
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be {name} {bound}, got {text!r}") from None
+    if not (value > low if strict else value >= low):  # also refuses NaN
+        raise argparse.ArgumentTypeError(f"must be {name} {bound}, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (a batch size, a step count)."""
+    return int(_number(text, int, 1))
+
+
+def nonnegative_int(text: str) -> int:
+    """argparse type: an integer >= 0 (a queue depth, a worker count where 0 means none)."""
+    return int(_number(text, int, 0))
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0 (a learning rate)."""
+    value = float(_number(text, float, 0, strict=True))
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
+def nonnegative_float(text: str) -> float:
+    """argparse type: a finite number >= 0 (a headroom fraction)."""
+    value = float(_number(text, float, 0))
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    """argparse type: comma-separated integers >= 1, e.g. `500,2000,100000`."""
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be integers >= 1 separated by commas, e.g. 500,2000; got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be integers >= 1 separated by commas, e.g. 500,2000; got {text!r}")
+    return values
