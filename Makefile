@@ -34,7 +34,7 @@ demo: install
 test: install-dev
 	$(BIN)/ruff check src tests examples
 	$(BIN)/pyright --pythonpath $(BIN)/python
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto --maxprocesses=4 --dist worksteal
 
 # Differential tests against the real reference (jax-tpu-embedding 0.2.0, Python >= 3.12) in
 # its own venv; never a tilecore dependency. `make test` skips these tests when the venv is absent.

@@ -12,7 +12,9 @@ release writes it; porting replaced `jax_tpu_embedding.sparsecore` with
 - the nnx `SparseCoreEmbed` layer and `PartitionedOptimizer` under `nnx.jit`,
   with the in-shardings `get_named_sharding` gives;
 - Orbax checkpoints through the nnx `checkpoint_utils`: the run saves half-way,
-  a fresh model restores that step, and training carries on from it.
+  a fresh model restores that step, and training carries on from it; at the end
+  the last checkpoint is converted for one device, restored into a one-device
+  model, and must give the same loss on a batch as the model that wrote it.
 
 It runs on whatever devices JAX sees; on a CPU, simulate several with
 `XLA_FLAGS=--xla_force_host_platform_device_count=4`.
@@ -100,6 +102,31 @@ class Model(nnx.Module):
         return self.out(nnx.relu(self.hidden(x)))[:, 0]
 
 
+def prepare_specs(batch: int, vocab: int, num_devices: int, num_sc_per_device: int,
+                  fdo_dir: Path, batches: list[tuple[dict, np.ndarray]]) -> FrozenDict:
+    """Feature specs stacked and prepared for `num_devices`, their limits tuned by FDO:
+    what the batches need is recorded, published to files, loaded back and applied.
+    The default limits may be exceeded, so those passes drop IDs (and warn)."""
+    feature_specs = build_feature_specs(batch, vocab)
+    embedding.auto_stack_tables(feature_specs, global_device_count=num_devices,
+                                num_sc_per_device=num_sc_per_device)
+    embedding.prepare_feature_specs_for_training(feature_specs, global_device_count=num_devices,
+                                                 num_sc_per_device=num_sc_per_device)
+    fdo_client = file_fdo_client.NPZFileFDOClient(fdo_dir)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for step, (features, _) in enumerate(batches):
+            _, stats = embedding.preprocess_sparse_dense_matmul_input(
+                features, None, feature_specs, local_device_count=num_devices,
+                global_device_count=num_devices, num_sc_per_device=num_sc_per_device,
+                batch_number=step, allow_id_dropping=True)
+            fdo_client.record(stats)
+    fdo_client.publish()
+    embedding.update_preprocessing_parameters(feature_specs, fdo_client.load(),
+                                              num_sc_per_device)
+    return feature_specs
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -120,36 +147,21 @@ def main(argv: list[str] | None = None) -> None:
 def train(args: argparse.Namespace, workdir: Path) -> None:
     mesh = jax.sharding.Mesh(np.array(jax.devices()), axis_names=("device",))
     num_sc_per_device = utils.num_sparsecores_per_device(mesh.devices.item(0))
-    feature_specs = build_feature_specs(args.batch, args.vocab)
-    embedding.auto_stack_tables(feature_specs, global_device_count=mesh.size,
-                                num_sc_per_device=num_sc_per_device)
-    embedding.prepare_feature_specs_for_training(feature_specs, global_device_count=mesh.size,
-                                                 num_sc_per_device=num_sc_per_device)
-    stacks = sorted(embedding.get_stacked_table_specs(feature_specs))
-    print(f"{mesh.size} device(s) x {num_sc_per_device} SparseCores; stacks {stacks}")
-
-    def preprocess(features: dict, step: int, **kwargs: Any) -> tuple[Any, Any]:
-        return embedding.preprocess_sparse_dense_matmul_input(
-            features, None, feature_specs, local_device_count=mesh.local_mesh.size,
-            global_device_count=mesh.size, num_sc_per_device=num_sc_per_device,
-            batch_number=step, **kwargs)
-
     rng = np.random.default_rng(0)
     batches = [make_batch(rng, args.batch, args.vocab) for _ in range(args.steps)]
-
-    # FDO: record what a few batches need, publish it, load it back, apply it. The
-    # default limits may be exceeded, so this pass drops IDs (and warns).
-    fdo_client = file_fdo_client.NPZFileFDOClient(workdir / "fdo")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for step, (features, _) in enumerate(batches[:4]):
-            fdo_client.record(preprocess(features, step, allow_id_dropping=True)[1])
-    fdo_client.publish()
-    embedding.update_preprocessing_parameters(feature_specs, fdo_client.load(),
-                                              num_sc_per_device)
+    feature_specs = prepare_specs(args.batch, args.vocab, mesh.size, num_sc_per_device,
+                                  workdir / "fdo", batches)
     limits = {name: s.max_ids_per_partition
               for name, s in embedding.get_stacked_table_specs(feature_specs).items()}
-    print(f"max_ids_per_partition after FDO: {limits}")
+    print(f"{mesh.size} device(s) x {num_sc_per_device} SparseCores; "
+          f"max_ids_per_partition after FDO: {limits}")
+
+    def preprocess(features: dict, step: int, specs: FrozenDict = feature_specs,
+                   num_devices: int = mesh.size) -> Any:
+        return embedding.preprocess_sparse_dense_matmul_input(
+            features, None, specs, local_device_count=num_devices,
+            global_device_count=num_devices, num_sc_per_device=num_sc_per_device,
+            batch_number=step)[0]
 
     model = Model(feature_specs, mesh, seed=0)
     optimizer = embed.PartitionedOptimizer(model, optax.adam(0.05))
@@ -183,12 +195,43 @@ def train(args: argparse.Namespace, workdir: Path) -> None:
             checkpoint_utils.restore_checkpoint(cp_manager=manager, step=step, model=model,
                                                 optimizer=optimizer)
             print(f"step {step}: saved, and restored into a fresh model")
-        inputs, _ = preprocess(features, step)
+        inputs = preprocess(features, step)
         labels = jax.device_put(labels, jax.sharding.NamedSharding(
             mesh, jax.sharding.PartitionSpec("device")))
         losses.append(float(train_step(model, optimizer, inputs, labels, jnp.int32(step))))
         print(f"step {step}: loss {losses[-1]:.5f}")
+    checkpoint_utils.save_checkpoint(
+        cp_manager=manager, step=args.steps, model=model, optimizer=optimizer,
+        feature_specs=feature_specs, num_global_devices=mesh.size,
+        num_sc_per_device=num_sc_per_device)
+    manager.wait_until_finished()
     manager.close()
+
+    # The last checkpoint, converted offline for one device and restored there.
+    one_mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), axis_names=("device",))
+    one_specs = prepare_specs(args.batch, args.vocab, 1, num_sc_per_device,
+                              workdir / "fdo-one-device", batches)
+    checkpoint_utils.convert_cross_topology_checkpoint(
+        input_checkpoint_path=workdir / "checkpoints",
+        output_checkpoint_path=workdir / "checkpoints-one-device",
+        target_topology=checkpoint_utils.TargetTopology(
+            num_global_devices=1, num_sc_per_device=num_sc_per_device),
+        target_feature_specs=one_specs)
+    one_model = Model(one_specs, one_mesh, seed=2)
+    checkpoint_utils.restore_checkpoint(
+        input_checkpoint_path=workdir / "checkpoints-one-device", model=one_model,
+        optimizer=embed.PartitionedOptimizer(one_model, optax.adam(0.05)))
+    features, labels = batches[-1]
+    step = jnp.int32(args.steps)
+    want = optax.sigmoid_binary_cross_entropy(model(preprocess(features, args.steps), step),
+                                              labels).mean()
+    got = optax.sigmoid_binary_cross_entropy(
+        one_model(preprocess(features, args.steps, one_specs, 1), step), labels).mean()
+    print(f"converted for 1 device: loss {float(got):.5f} (the {mesh.size}-device model: "
+          f"{float(want):.5f})")
+    if not np.isclose(float(got), float(want), rtol=1e-5):
+        raise SystemExit(f"port_from_reference: the converted checkpoint gives loss {got}, "
+                         f"not {want}")
     if not losses[-1] < losses[0]:
         raise SystemExit(f"port_from_reference: loss did not go down: {losses}")
     print(f"port_from_reference: OK (loss {losses[0]:.4f} -> {losses[-1]:.4f})")

@@ -1,7 +1,7 @@
 """Running code in the real reference (jax-tpu-embedding 0.2.0), for differential tests.
 
 The reference is never a tilecore dependency: it lives in its own Python 3.12
-virtual environment, built by `make reference` at `.venv-reference/` (or named by
+virtual environment, built by `make reference-test` at `.venv-reference/` (or named by
 `$TILECORE_REFERENCE_PYTHON`). Tests that need it carry `requires_reference` and
 are skipped, with that reason, where the venv is absent. The peer runs in a
 subprocess; inputs and outputs travel as files in a working folder the test owns
