@@ -464,11 +464,10 @@ def test_fixture_stacking(case: str) -> None:
     assert stacks == expected["stacks"]
 
 
-@pytest.mark.parametrize("case", [c for c in FIXTURE_CASES if c != "mean_zero_weight_sum"])
-def test_fixture_buffers_and_stats(case: str, recwarn: pytest.WarningsRecorder) -> None:
-    meta, arrays = load_fixture(case)
-    features = fixture_specs(meta)
-    preprocessed, stats = fixture_call(meta, arrays, features)
+def assert_equals_fixture(meta: dict, arrays: dict[str, np.ndarray], preprocessed: embedding.PreprocessedInput,
+                          stats: embedding.SparseDenseMatmulInputStats, case: str) -> None:
+    """compat's buffers and statistics equal a fixture's (the reference's output): every
+    covered buffer entry, each buffer's shape and dtype, the statistics, the minibatch count."""
     local = meta["topology"]["local_devices"]
     for name in meta["stack_order"]:
         covered = arrays[f"out/{name}/covered"]
@@ -477,18 +476,26 @@ def test_fixture_buffers_and_stats(case: str, recwarn: pytest.WarningsRecorder) 
         for field in ("embedding_ids", "sample_ids", "gains"):
             got = getattr(preprocessed, f"lhs_{field}")[name]
             want = arrays[f"out/{name}/{field}"]
-            assert got.shape == want.shape and got.dtype == want.dtype, field
-            np.testing.assert_array_equal(got[covered], want[covered], err_msg=f"{name}.{field}")
-        assert got.shape == (local * meta["buffer_sizes"][name]["coo_size_per_device"],)
+            assert got.shape == want.shape and got.dtype == want.dtype, (case, field)
+            np.testing.assert_array_equal(got[covered], want[covered],
+                                          err_msg=f"{case}: {name}.{field}")
+            assert got.shape == (local * meta["buffer_sizes"][name]["coo_size_per_device"],)
         expected = meta["stats"][name]
         for field in ("max_ids_per_partition", "max_unique_ids_per_partition",
                       "required_buffer_size_per_sc"):
             np.testing.assert_array_equal(getattr(stats, field)[name], expected[field],
-                                          err_msg=f"{name}.{field}")
+                                          err_msg=f"{case}: {name}.{field}")
             assert getattr(stats, field)[name].dtype == np.int32
         assert stats.id_drop_counters[name] == expected["id_drop_counters"]
     np.testing.assert_array_equal(preprocessed.num_minibatches, arrays["num_minibatches"])
     assert preprocessed.num_minibatches.dtype == arrays["num_minibatches"].dtype
+
+
+@pytest.mark.parametrize("case", [c for c in FIXTURE_CASES if c != "mean_zero_weight_sum"])
+def test_fixture_buffers_and_stats(case: str, recwarn: pytest.WarningsRecorder) -> None:
+    meta, arrays = load_fixture(case)
+    preprocessed, stats = fixture_call(meta, arrays, fixture_specs(meta))
+    assert_equals_fixture(meta, arrays, preprocessed, stats, case)
     assert bool(recwarn.list) == any(stats.id_drop_counters.values())
 
 

@@ -18,7 +18,13 @@ import numpy as np
 import pytest
 
 from _reference_peer import ROOT, requires_reference, run_reference
-from test_compat import FIXTURE_CASES, FIXTURES, fixture_call, fixture_specs
+from test_compat import (
+    FIXTURE_CASES,
+    FIXTURES,
+    assert_equals_fixture,
+    fixture_call,
+    fixture_specs,
+)
 from tilecore.compat import embedding
 
 pytestmark = requires_reference
@@ -74,19 +80,7 @@ def test_compat_equals_live_reference(live: pathlib.Path, case: str,
         arrays = dict(z)
     features = fixture_specs(meta)
     preprocessed, stats = fixture_call(meta, arrays, features)
-    for name in meta["stack_order"]:
-        covered = arrays[f"out/{name}/covered"]
-        np.testing.assert_array_equal(preprocessed.lhs_row_pointers[name],
-                                      arrays[f"out/{name}/row_pointers"])
-        for field in ("embedding_ids", "sample_ids", "gains"):
-            got = getattr(preprocessed, f"lhs_{field}")[name]
-            np.testing.assert_array_equal(got[covered], arrays[f"out/{name}/{field}"][covered],
-                                          err_msg=f"{case}: {name}.{field}")
-        for field in ("max_ids_per_partition", "max_unique_ids_per_partition",
-                      "required_buffer_size_per_sc"):
-            np.testing.assert_array_equal(getattr(stats, field)[name],
-                                          meta["stats"][name][field], err_msg=f"{case}: {field}")
-        assert stats.id_drop_counters[name] == meta["stats"][name]["id_drop_counters"]
+    assert_equals_fixture(meta, arrays, preprocessed, stats, case)
     sizes = embedding.compute_coo_buffer_size_per_device(
         features, meta["topology"]["global_devices"], meta["topology"]["sc_per_device"])
     assert {n: meta["buffer_sizes"][n]["coo_size_per_device"] for n in sizes} == sizes
