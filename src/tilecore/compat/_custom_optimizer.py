@@ -104,12 +104,11 @@ class CustomOptimizerSpec(OptimizerSpec):
         max_value: float | None = None,
     ) -> str:
         """`custom_optimizer_lowering.lower_to_stablehlo` (StableHLO text of the rule)."""
-        from ..optimizers import lower_rule
+        from .lib.nn import custom_optimizer_lowering  # imports JAX: only when lowering
 
-        return lower_rule(custom_computation_fn, dim=embedding_dim,
-                          num_slots=num_slot_variables,
-                          num_hyperparameters=num_hyperparameters, min_value=min_value,
-                          max_value=max_value)
+        return custom_optimizer_lowering.lower_to_stablehlo(
+            custom_computation_fn, embedding_dim, num_slot_variables, num_hyperparameters,
+            min_value, max_value)
 
     @classmethod
     def wrap_stablehlo_with_limits(
@@ -122,8 +121,8 @@ class CustomOptimizerSpec(OptimizerSpec):
         max_value: float | None = None,
     ) -> str:
         """`custom_optimizer_lowering.wrap_stablehlo_with_limits` (the module, row clipped)."""
-        from ..optimizers import clip_module
+        from .lib.nn import custom_optimizer_lowering  # imports JAX: only when lowering
 
-        return clip_module(stablehlo, dim=embedding_dim, num_slots=num_slot_variables,
-                           num_hyperparameters=num_hyperparameters, min_value=min_value,
-                           max_value=max_value)
+        return custom_optimizer_lowering.wrap_stablehlo_with_limits(
+            stablehlo, embedding_dim, num_slot_variables, num_hyperparameters, min_value,
+            max_value)
