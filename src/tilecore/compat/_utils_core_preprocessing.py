@@ -17,7 +17,7 @@ import numpy as np
 from .. import specs as native
 from ..preprocessing import PreprocessedBatch, Ragged, preprocess
 from ..preprocessing._kernels import FILLER_ID
-from ..stacking import plan_stacking
+from ..stacking import plan_stacking, round_up
 
 _NAME = "feature"
 
@@ -96,10 +96,6 @@ def _only_stack(batch: PreprocessedBatch) -> tuple[np.ndarray, np.ndarray, np.nd
 
 
 
-def _round8(value: int) -> int:
-    return value + (-value) % 8
-
-
 def pack_minibatches(
     parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
     num_sc_per_device: int, num_partitions: int,
@@ -122,7 +118,7 @@ def pack_minibatches(
     row_pointers: list[int] = []
     at = 0
     for sc in range(num_sc_per_device):
-        at = _round8(at)
+        at = round_up(at, 8)
         for pointers, ids, samples, weights in parts:
             ends = np.asarray(pointers).reshape(num_sc_per_device, rows_per_sc)[sc]
             start = 0
@@ -135,7 +131,7 @@ def pack_minibatches(
                 gains[at:at + n] = weights[src]
                 at += n
                 row_pointers.append(at)
-                at = _round8(at)
-                start = _round8(end)
+                at = round_up(at, 8)
+                start = round_up(end, 8)
             row_pointers.extend([at] * (rows_per_sc - num_partitions))
     return np.asarray(row_pointers, np.int32), embedding_ids, sample_ids, gains
