@@ -102,6 +102,15 @@ class Model(nnx.Module):
         return self.out(nnx.relu(self.hidden(x)))[:, 0]
 
 
+def preprocess(features: dict, step: int, feature_specs: FrozenDict, num_devices: int,
+               num_sc_per_device: int, **kwargs: Any) -> tuple[Any, Any]:
+    """This (only) process's batch for `num_devices` devices: (inputs, statistics)."""
+    return embedding.preprocess_sparse_dense_matmul_input(
+        features, None, feature_specs, local_device_count=num_devices,
+        global_device_count=num_devices, num_sc_per_device=num_sc_per_device,
+        batch_number=step, **kwargs)
+
+
 def prepare_specs(batch: int, vocab: int, num_devices: int, num_sc_per_device: int,
                   fdo_dir: Path, batches: list[tuple[dict, np.ndarray]]) -> FrozenDict:
     """Feature specs stacked and prepared for `num_devices`, their limits tuned by FDO:
@@ -116,10 +125,8 @@ def prepare_specs(batch: int, vocab: int, num_devices: int, num_sc_per_device: i
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for step, (features, _) in enumerate(batches):
-            _, stats = embedding.preprocess_sparse_dense_matmul_input(
-                features, None, feature_specs, local_device_count=num_devices,
-                global_device_count=num_devices, num_sc_per_device=num_sc_per_device,
-                batch_number=step, allow_id_dropping=True)
+            _, stats = preprocess(features, step, feature_specs, num_devices,
+                                  num_sc_per_device, allow_id_dropping=True)
             fdo_client.record(stats)
     fdo_client.publish()
     embedding.update_preprocessing_parameters(feature_specs, fdo_client.load(),
@@ -144,6 +151,35 @@ def main(argv: list[str] | None = None) -> None:
         train(args, args.workdir or Path(scratch))
 
 
+def batch_loss(model: Model, feature_specs: FrozenDict, num_devices: int,
+               num_sc_per_device: int, batch: tuple[dict, np.ndarray], step: int) -> float:
+    """The model's loss on one batch (no update)."""
+    features, labels = batch
+    inputs, _ = preprocess(features, step, feature_specs, num_devices, num_sc_per_device)
+    logits = model(inputs, jnp.int32(step))
+    return float(optax.sigmoid_binary_cross_entropy(logits, labels).mean())
+
+
+def one_device_model(args: argparse.Namespace, workdir: Path, num_sc_per_device: int,
+                     batches: list[tuple[dict, np.ndarray]]) -> tuple[Model, FrozenDict]:
+    """The last checkpoint, converted offline for one device and restored into a model
+    there (with specs tuned for one device)."""
+    one_specs = prepare_specs(args.batch, args.vocab, 1, num_sc_per_device,
+                              workdir / "fdo-one-device", batches)
+    checkpoint_utils.convert_cross_topology_checkpoint(
+        input_checkpoint_path=workdir / "checkpoints",
+        output_checkpoint_path=workdir / "checkpoints-one-device",
+        target_topology=checkpoint_utils.TargetTopology(
+            num_global_devices=1, num_sc_per_device=num_sc_per_device),
+        target_feature_specs=one_specs)
+    one_mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), axis_names=("device",))
+    one_model = Model(one_specs, one_mesh, seed=2)
+    checkpoint_utils.restore_checkpoint(
+        input_checkpoint_path=workdir / "checkpoints-one-device", model=one_model,
+        optimizer=embed.PartitionedOptimizer(one_model, optax.adam(0.05)))
+    return one_model, one_specs
+
+
 def train(args: argparse.Namespace, workdir: Path) -> None:
     mesh = jax.sharding.Mesh(np.array(jax.devices()), axis_names=("device",))
     num_sc_per_device = utils.num_sparsecores_per_device(mesh.devices.item(0))
@@ -155,13 +191,6 @@ def train(args: argparse.Namespace, workdir: Path) -> None:
               for name, s in embedding.get_stacked_table_specs(feature_specs).items()}
     print(f"{mesh.size} device(s) x {num_sc_per_device} SparseCores; "
           f"max_ids_per_partition after FDO: {limits}")
-
-    def preprocess(features: dict, step: int, specs: FrozenDict = feature_specs,
-                   num_devices: int = mesh.size) -> Any:
-        return embedding.preprocess_sparse_dense_matmul_input(
-            features, None, specs, local_device_count=num_devices,
-            global_device_count=num_devices, num_sc_per_device=num_sc_per_device,
-            batch_number=step)[0]
 
     model = Model(feature_specs, mesh, seed=0)
     optimizer = embed.PartitionedOptimizer(model, optax.adam(0.05))
@@ -181,10 +210,9 @@ def train(args: argparse.Namespace, workdir: Path) -> None:
 
     manager = checkpoint_utils.create_checkpoint_manager(
         cp_path=workdir / "checkpoints", cp_options=ocp.CheckpointManagerOptions())
-    half = args.steps // 2
     losses = []
     for step, (features, labels) in enumerate(batches):
-        if step == half:  # save, then carry on in a fresh model restored from the checkpoint
+        if step == args.steps // 2:  # save, then carry on in a fresh model restored from it
             checkpoint_utils.save_checkpoint(
                 cp_manager=manager, step=step, model=model, optimizer=optimizer,
                 feature_specs=feature_specs, num_global_devices=mesh.size,
@@ -195,7 +223,7 @@ def train(args: argparse.Namespace, workdir: Path) -> None:
             checkpoint_utils.restore_checkpoint(cp_manager=manager, step=step, model=model,
                                                 optimizer=optimizer)
             print(f"step {step}: saved, and restored into a fresh model")
-        inputs = preprocess(features, step)
+        inputs, _ = preprocess(features, step, feature_specs, mesh.size, num_sc_per_device)
         labels = jax.device_put(labels, jax.sharding.NamedSharding(
             mesh, jax.sharding.PartitionSpec("device")))
         losses.append(float(train_step(model, optimizer, inputs, labels, jnp.int32(step))))
@@ -207,29 +235,12 @@ def train(args: argparse.Namespace, workdir: Path) -> None:
     manager.wait_until_finished()
     manager.close()
 
-    # The last checkpoint, converted offline for one device and restored there.
-    one_mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), axis_names=("device",))
-    one_specs = prepare_specs(args.batch, args.vocab, 1, num_sc_per_device,
-                              workdir / "fdo-one-device", batches)
-    checkpoint_utils.convert_cross_topology_checkpoint(
-        input_checkpoint_path=workdir / "checkpoints",
-        output_checkpoint_path=workdir / "checkpoints-one-device",
-        target_topology=checkpoint_utils.TargetTopology(
-            num_global_devices=1, num_sc_per_device=num_sc_per_device),
-        target_feature_specs=one_specs)
-    one_model = Model(one_specs, one_mesh, seed=2)
-    checkpoint_utils.restore_checkpoint(
-        input_checkpoint_path=workdir / "checkpoints-one-device", model=one_model,
-        optimizer=embed.PartitionedOptimizer(one_model, optax.adam(0.05)))
-    features, labels = batches[-1]
-    step = jnp.int32(args.steps)
-    want = optax.sigmoid_binary_cross_entropy(model(preprocess(features, args.steps), step),
-                                              labels).mean()
-    got = optax.sigmoid_binary_cross_entropy(
-        one_model(preprocess(features, args.steps, one_specs, 1), step), labels).mean()
-    print(f"converted for 1 device: loss {float(got):.5f} (the {mesh.size}-device model: "
-          f"{float(want):.5f})")
-    if not np.isclose(float(got), float(want), rtol=1e-5):
+    one_model, one_specs = one_device_model(args, workdir, num_sc_per_device, batches)
+    want = batch_loss(model, feature_specs, mesh.size, num_sc_per_device, batches[-1],
+                      args.steps)
+    got = batch_loss(one_model, one_specs, 1, num_sc_per_device, batches[-1], args.steps)
+    print(f"converted for 1 device: loss {got:.5f} (the {mesh.size}-device model: {want:.5f})")
+    if not np.isclose(got, want, rtol=1e-5):
         raise SystemExit(f"port_from_reference: the converted checkpoint gives loss {got}, "
                          f"not {want}")
     if not losses[-1] < losses[0]:
