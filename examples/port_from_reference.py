@@ -9,8 +9,9 @@ release writes it; porting replaced `jax_tpu_embedding.sparsecore` with
 - feedback-directed optimisation: statistics of a few batches recorded by the
   `NPZFileFDOClient`, published to files, loaded back and applied with
   `update_preprocessing_parameters`;
-- the nnx `SparseCoreEmbed` layer and `PartitionedOptimizer` under `nnx.jit`,
-  with the in-shardings `get_named_sharding` gives;
+- the nnx `SparseCoreEmbed` layer and `PartitionedOptimizer` in a plain train
+  step over the model's nnx state, pipelined by `auto_pipelining` (the lookup of
+  step i runs with the dense part of step i-1, one step stale);
 - Orbax checkpoints through the nnx `checkpoint_utils`: the run saves half-way,
   a fresh model restores that step, and training carries on from it; at the end
   the last checkpoint is converted for one device, restored into a one-device
@@ -39,7 +40,9 @@ from flax import nnx
 from flax.core import FrozenDict
 
 # ---- The only lines that change. The reference program imports them from
-# jax_tpu_embedding.sparsecore.lib.fdo, …lib.flax.nnx, …lib.nn and …utils.
+# jax_tpu_embedding.sparsecore.lib.auto_pipelining, …lib.fdo, …lib.flax.nnx, …lib.nn
+# and …utils.
+from tilecore.compat.lib.auto_pipelining import auto_pipelining
 from tilecore.compat.lib.fdo import file_fdo_client
 from tilecore.compat.lib.flax.nnx import checkpoint_utils, embed
 from tilecore.compat.lib.nn import embedding, embedding_spec
@@ -180,6 +183,53 @@ def one_device_model(args: argparse.Namespace, workdir: Path, num_sc_per_device:
     return one_model, one_specs
 
 
+def run_pipelined(model: Model, optimizer: embed.PartitionedOptimizer,
+                  feature_specs: FrozenDict, mesh: jax.sharding.Mesh, num_sc_per_device: int,
+                  batches: list[tuple[dict, np.ndarray]], first_step: int) -> list[float]:
+    """Train on `batches` with the plain step pipelined by `auto_pipelining` (the
+    lookup of step i overlaps the dense part of step i-1 and sees the embedding
+    updates of steps <= i-2); the pipeline is drained at the end and `model` and
+    `optimizer` hold the result. Returns the loss of every step."""
+    graphdef, state = nnx.split((model, optimizer))
+    # The step's state on the mesh: the tables keep their row sharding; the rest (which
+    # a restored model gets back on one device) is replicated.
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    state = jax.tree.map(
+        lambda x: x if x.sharding.num_devices == mesh.size else jax.device_put(x, replicated),
+        state)
+
+    def train_step(state: nnx.State, inputs: embedding.PreprocessedInput, labels: jax.Array,
+                   step: jax.Array) -> tuple[nnx.State, jax.Array]:
+        model, optimizer = nnx.merge(graphdef, state)
+
+        def loss_fn(model: Model) -> jax.Array:
+            logits = model(inputs, step)
+            return optax.sigmoid_binary_cross_entropy(logits, labels).mean()
+
+        loss, grads = nnx.value_and_grad(loss_fn)(model)
+        optimizer.update(model, grads)
+        return nnx.state((model, optimizer)), loss
+
+    pipelined_step = auto_pipelining.auto_pipelining(train_step, out_shardings=None)
+    pipeline = auto_pipelining.init_state()
+    losses = []
+    for step, (features, labels) in enumerate(batches, start=first_step):
+        inputs, _ = preprocess(features, step, feature_specs, mesh.size, num_sc_per_device)
+        labels = jax.device_put(labels, jax.sharding.NamedSharding(
+            mesh, jax.sharding.PartitionSpec("device")))
+        pipeline, (state, loss) = pipelined_step(pipeline, state, inputs, labels,
+                                                 jnp.int32(step))
+        if loss is not None:  # the dense part runs a step late: this is step - 1's loss
+            losses.append(float(loss))
+            print(f"step {step - 1}: loss {losses[-1]:.5f}")
+    pipeline, (state, loss) = auto_pipelining.finalize_pipelining(pipelined_step, pipeline,
+                                                                  state)
+    losses.append(float(loss))
+    print(f"step {first_step + len(batches) - 1}: loss {losses[-1]:.5f}")
+    nnx.update((model, optimizer), state)
+    return losses
+
+
 def train(args: argparse.Namespace, workdir: Path) -> None:
     mesh = jax.sharding.Mesh(np.array(jax.devices()), axis_names=("device",))
     num_sc_per_device = utils.num_sparsecores_per_device(mesh.devices.item(0))
@@ -194,40 +244,24 @@ def train(args: argparse.Namespace, workdir: Path) -> None:
 
     model = Model(feature_specs, mesh, seed=0)
     optimizer = embed.PartitionedOptimizer(model, optax.adam(0.05))
-
-    @nnx.jit(in_shardings=(embed.get_named_sharding(model, mesh),
-                           embed.get_named_sharding(optimizer, mesh), None, None, None))
-    def train_step(model: Model, optimizer: embed.PartitionedOptimizer,
-                   inputs: embedding.PreprocessedInput, labels: jax.Array,
-                   step: jax.Array) -> jax.Array:
-        def loss_fn(model: Model) -> jax.Array:
-            logits = model(inputs, step)
-            return optax.sigmoid_binary_cross_entropy(logits, labels).mean()
-
-        loss, grads = nnx.value_and_grad(loss_fn)(model)
-        optimizer.update(model, grads)
-        return loss
-
     manager = checkpoint_utils.create_checkpoint_manager(
         cp_path=workdir / "checkpoints", cp_options=ocp.CheckpointManagerOptions())
-    losses = []
-    for step, (features, labels) in enumerate(batches):
-        if step == args.steps // 2:  # save, then carry on in a fresh model restored from it
-            checkpoint_utils.save_checkpoint(
-                cp_manager=manager, step=step, model=model, optimizer=optimizer,
-                feature_specs=feature_specs, num_global_devices=mesh.size,
-                num_sc_per_device=num_sc_per_device)
-            manager.wait_until_finished()
-            model = Model(feature_specs, mesh, seed=1)
-            optimizer = embed.PartitionedOptimizer(model, optax.adam(0.05))
-            checkpoint_utils.restore_checkpoint(cp_manager=manager, step=step, model=model,
-                                                optimizer=optimizer)
-            print(f"step {step}: saved, and restored into a fresh model")
-        inputs, _ = preprocess(features, step, feature_specs, mesh.size, num_sc_per_device)
-        labels = jax.device_put(labels, jax.sharding.NamedSharding(
-            mesh, jax.sharding.PartitionSpec("device")))
-        losses.append(float(train_step(model, optimizer, inputs, labels, jnp.int32(step))))
-        print(f"step {step}: loss {losses[-1]:.5f}")
+    half = args.steps // 2
+    losses = run_pipelined(model, optimizer, feature_specs, mesh, num_sc_per_device,
+                           batches[:half], first_step=0)
+    # Save half-way, then carry on in a fresh model restored from that checkpoint.
+    checkpoint_utils.save_checkpoint(
+        cp_manager=manager, step=half, model=model, optimizer=optimizer,
+        feature_specs=feature_specs, num_global_devices=mesh.size,
+        num_sc_per_device=num_sc_per_device)
+    manager.wait_until_finished()
+    model = Model(feature_specs, mesh, seed=1)
+    optimizer = embed.PartitionedOptimizer(model, optax.adam(0.05))
+    checkpoint_utils.restore_checkpoint(cp_manager=manager, step=half, model=model,
+                                        optimizer=optimizer)
+    print(f"step {half}: saved, and restored into a fresh model")
+    losses += run_pipelined(model, optimizer, feature_specs, mesh, num_sc_per_device,
+                            batches[half:], first_step=half)
     checkpoint_utils.save_checkpoint(
         cp_manager=manager, step=args.steps, model=model, optimizer=optimizer,
         feature_specs=feature_specs, num_global_devices=mesh.size,

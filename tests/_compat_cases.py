@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
+import numpy as np
 
 from tilecore.compat import embedding, embedding_spec
+from tilecore.compat._device import buffers, matmul_input_parts
+from tilecore.preprocessing import PreprocessedBatch
+from tilecore.stacking import StackingPlan
 
 
 def feature_specs(batch: int, sc: int) -> dict[str, embedding_spec.FeatureSpec]:
@@ -24,3 +30,13 @@ def feature_specs(batch: int, sc: int) -> dict[str, embedding_spec.FeatureSpec]:
     embedding.prepare_feature_specs_for_training(specs, global_device_count=1,
                                                  num_sc_per_device=sc)
     return specs
+
+
+def native_batch(plan: StackingPlan, preprocessed: Any) -> PreprocessedBatch:
+    """The native batch view of a reference `PreprocessedInput` (no copies), to compare
+    the compat layers with `tilecore.ops` on the same buffers."""
+    parts = matmul_input_parts(preprocessed)
+    count = getattr(preprocessed, "num_minibatches", None)
+    return PreprocessedBatch(stacks={name: buffers(parts, name) for name in plan.stacks},
+                             num_minibatches=1 if count is None else int(
+                                 np.asarray(count).reshape(-1)[0]))

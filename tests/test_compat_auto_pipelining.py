@@ -324,6 +324,109 @@ def test_dump_jaxpr(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert not (tmp_path / "jaxpr_not_written.txt").exists()
 
 
+# --- steps built from the Flax layers ---------------------------------------------------------
+
+
+def nnx_step(case: Case) -> tuple[Any, Any]:
+    """The nnx program: `SparseCoreEmbed` + the dense model as nnx parameters, the
+    step splitting and merging the model and `PartitionedOptimizer` (the carry is
+    their nnx state); the layer's update sees the optimizer's step count."""
+    import flax.nnx as nnx
+    import optax
+
+    from tilecore.compat.lib.flax.nnx import embed as nnx_embed
+
+    class Model(nnx.Module):
+        def __init__(self) -> None:
+            self.embed = nnx_embed.SparseCoreEmbed(case.specs, "x", case.mesh, nnx.Rngs(0),
+                                                   num_sc_per_device=SC)
+            self.embed.embedding_table.set_value(case.fresh_carry().tables)
+            self.w = nnx.Param(jnp.copy(case.carry.w))  # the carry is donated
+
+    model = Model()
+    graphdef, state = nnx.split((model, nnx_embed.PartitionedOptimizer(model, optax.sgd(0.1))))
+
+    def step(state: Any, sparse: Any, labels: jax.Array) -> tuple[Any, jax.Array]:
+        model, optimizer = nnx.merge(graphdef, state)
+
+        def loss_fn(model: Any) -> jax.Array:
+            acts = model.embed(sparse, optimizer.step[...])
+            x = jnp.concatenate([acts["item"], acts["user"]], axis=-1)
+            return jnp.mean((x @ model.w[...] - labels) ** 2)
+
+        loss, grads = nnx.value_and_grad(loss_fn)(model)
+        optimizer.update(model, grads)
+        return nnx.state((model, optimizer)), loss
+
+    def as_carry(state: Any) -> Carry:
+        model, optimizer = nnx.merge(graphdef, state)
+        return Carry(model.embed.embedding_table.get_value(), model.w[...],
+                     optimizer.step[...])
+
+    return step, state, as_carry
+
+
+def linen_step(case: Case) -> tuple[Any, Any]:
+    """The linen program: `SparseCoreEmbed` + the dense model's `w` in one module,
+    optax through `embed_optimizer` (the carry is `(params, opt_state, step)`)."""
+    import flax.linen as nn
+    import optax
+    from flax.core import meta
+
+    from tilecore.compat.lib.flax.linen import embed, embed_optimizer
+
+    class Model(nn.Module):
+        @nn.compact
+        def __call__(self, sparse: Any) -> jax.Array:
+            acts = embed.SparseCoreEmbed(case.specs, sharding_axis="x", _mesh=case.mesh,
+                                         num_sc_per_device=SC)(sparse)
+            x = jnp.concatenate([acts["item"], acts["user"]], axis=-1)
+            return x @ self.param("w", lambda _: jnp.copy(case.carry.w))
+
+    model = Model()
+    params = meta.unbox(model.init(jax.random.key(0), case.data[0][0])["params"])
+    params["SparseCoreEmbed_0"][embed.EMBEDDING_PARAM_NAME] = case.fresh_carry().tables
+    tx = embed_optimizer.create_optimizer_for_sc_model(params, optax.sgd(0.1))
+
+    def step(carry: Any, sparse: Any, labels: jax.Array) -> tuple[Any, jax.Array]:
+        params, opt_state, count = carry
+
+        def loss_fn(params: Any) -> jax.Array:
+            return jnp.mean((model.apply({"params": params}, sparse) - labels) ** 2)
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return (embed_optimizer.apply_updates_for_sc_model(params, updates), opt_state,
+                count + 1), loss
+
+    def as_carry(carry: Any) -> Carry:
+        params, _, count = carry
+        return Carry(params["SparseCoreEmbed_0"][embed.EMBEDDING_PARAM_NAME], params["w"],
+                     count)
+
+    return step, (params, tx.init(params), jnp.int32(0)), as_carry
+
+
+def check_flax_step(case: Case, make: Any) -> None:
+    """The pipelined Flax step trains as the hand-written one-step-stale loop."""
+    step, carry, as_carry = make(case)
+    fn = ap.auto_pipelining(step, out_shardings=None)
+    state, results = ap.init_state(), []
+    for sparse, labels in case.data:
+        state, (carry, loss) = fn(state, carry, sparse, labels)
+        results.append(loss)
+    _, (carry, loss) = ap.finalize_pipelining(fn, state, carry)
+    want_losses, want = stale_loop(case)
+    assert results[0] is None
+    assert_same([*results[1:], loss], want_losses)
+    assert_same(as_carry(carry), want)
+
+
+@pytest.mark.parametrize("make", [nnx_step, linen_step], ids=["nnx", "linen"])
+def test_flax_layer_steps_pipeline(make: Any) -> None:
+    check_flax_step(make_case("adagrad"), make)
+
+
 # --- steps that cannot be pipelined -----------------------------------------------------------
 
 
@@ -489,6 +592,8 @@ def _multidevice() -> None:
         assert_same(carry, want)
         assert carry.tables["user"].table.sharding.is_equivalent_to(
             case.carry.tables["user"].table.sharding, 2), style
+    for make in (nnx_step, linen_step):  # the layers shard_map over the mesh themselves
+        check_flax_step(make_case("adagrad", devices=2, steps=3), make)
     print("multidevice ok")
 
 

@@ -16,9 +16,10 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from _compat_cases import feature_specs as reference_feature_specs
+from _compat_cases import native_batch
 from tilecore import ops
 from tilecore.compat import embedding_spec
-from tilecore.compat.lib.flax._sparse import make_plan, native_batch
+from tilecore.compat.lib.flax._sparse import make_plan
 from tilecore.compat.lib.flax.linen import embed, embed_optimizer
 from tilecore.compat.lib.flax.nnx import embed as nnx_embed
 from tilecore.compat.utils import utils
@@ -98,7 +99,7 @@ def test_linen_reference_loop_learns_and_matches_native_ops() -> None:
         path = ("params", "SparseCoreEmbed_0", "sc_embedding_variables")
         before = jax.tree.map(jnp.array, nn.meta.unbox(params[path[0]][path[1]][path[2]]))
         native = {s: ops.EmbeddingVariables(v.table, tuple(v.slot)) for s, v in before.items()}
-        batch = native_batch(plan, inputs, "test")
+        batch = native_batch(plan, inputs)
         dense: Any = {"params": {k: v for k, v in params["params"].items()
                                  if k.startswith("Dense")}}
 
@@ -153,7 +154,7 @@ def test_nnx_reference_loop_learns_and_updates_like_native_ops() -> None:
         inputs, labels = data[step % len(data)]
         before = jax.tree.map(jnp.array, model.embed.embedding_table.get_value())
         native = {s: ops.EmbeddingVariables(v.table, tuple(v.slot)) for s, v in before.items()}
-        batch = native_batch(plan, inputs, "test")
+        batch = native_batch(plan, inputs)
         acts = ops.lookup(plan, batch, native)
         np.testing.assert_array_equal(model.embed(inputs)["user"], acts["user"])
         losses.append(float(train_step(model, optimizer, inputs, labels)))
@@ -218,8 +219,8 @@ def test_nnx_lookup_gradient_is_the_native_update_and_filters_split_state() -> N
     plan = make_plan(specs, 1, SC, "MOD", False, "test")
     before = layer.embedding_table.get_value()
     native = {s: ops.EmbeddingVariables(v.table, tuple(v.slot)) for s, v in before.items()}
-    acts = ops.lookup(plan, native_batch(plan, inputs, "test"), native)
-    want = ops.lookup_grad(plan, native_batch(plan, inputs, "test"), native,
+    acts = ops.lookup(plan, native_batch(plan, inputs), native)
+    want = ops.lookup_grad(plan, native_batch(plan, inputs), native,
                            {"user": jnp.ones_like(acts["user"]),
                             "item": jnp.zeros_like(acts["item"])}, 3)
     got = grads["embedding_table"].get_value()

@@ -13,10 +13,11 @@ import numpy as np
 import optax
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from tilecore.compat.flax._sparse import make_plan, native_batch
+from tilecore.compat.flax._sparse import make_plan
 
 import tilecore.pipelining as tcp
 from _compat_cases import feature_specs as reference_feature_specs
+from _compat_cases import native_batch
 from tilecore import ops
 from tilecore.compat import embedding, embedding_spec
 from tilecore.compat import embedding_pipelining_utils as ep_utils
@@ -156,7 +157,7 @@ def test_reference_loop_matches_tilecore_pipelining() -> None:
     # tilecore.pipelining on the same batches, tables and dense state.
     step = tcp.TrainStep(stages=tcp.sparsecore_stages(plan, tcp.optax_tc(loss_fn, tx)),
                          pipelined=True, donate=False)
-    batches = [tcp.StepInput(native_batch(plan, sparse, "test"), labels)
+    batches = [tcp.StepInput(native_batch(plan, sparse), labels)
                for sparse, labels in data]
     native = tcp.run_loop(step, step.init(variables, dense, batches[0]), batches)
     want = [float(result.outputs) for result in native]

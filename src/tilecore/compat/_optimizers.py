@@ -207,8 +207,9 @@ class LaPropOptimizerSpec(OptimizerSpec):
         self.eps = eps
         if rms_clip_threshold is not None:
             raise ValueError(
-                "rms_clip_threshold is not yet supported in LaProp optimizer; got "
-                f"rms_clip_threshold={rms_clip_threshold!r}. Leave it as None."
+                f"LaPropOptimizerSpec: rms_clip_threshold={rms_clip_threshold!r}, but "
+                "jax-tpu-embedding 0.2.0 defines no rule for it (it rejects the argument "
+                "too), so neither does compat. Leave it as None."
             )
         self.rms_clip_threshold = rms_clip_threshold
         self.initial_slot_value = initial_slot_value

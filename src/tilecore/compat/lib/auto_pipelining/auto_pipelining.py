@@ -3,7 +3,9 @@ plain train step, pipelined automatically.
 
 Write the step unpipelined — `step(carry, *args) -> (carry, *results)`, with the
 embedding variables in the carry, one `tpu_sparse_dense_matmul` and one
-`tpu_sparse_dense_matmul_grad` per table — and wrap it:
+`tpu_sparse_dense_matmul_grad` per table (called directly, or by the linen or nnx
+`SparseCoreEmbed` and its gradient: an nnx step merges its model from the carry's
+`nnx.State` and returns `nnx.state(...)`) — and wrap it:
 
 ```
 train_step = auto_pipelining(step, out_shardings=None)

@@ -109,7 +109,8 @@ def _tables(parts: Any, carry_len: int, names: list[str]) -> list[bool]:
     updates = [inputs_of(parts.step, v) for v in parts.update_variables]
     if not lookups:
         raise ValueError("auto_pipelining: the train step has no embedding lookup; call "
-                         "tpu_sparse_dense_matmul on the carry's embedding variables.")
+                         "tpu_sparse_dense_matmul (or a SparseCoreEmbed layer) on the "
+                         "carry's embedding variables.")
     if not updates:
         raise ValueError("auto_pipelining: the train step has no embedding update; call "
                          "tpu_sparse_dense_matmul_grad and return its result in the carry.")

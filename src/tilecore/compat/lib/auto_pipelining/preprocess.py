@@ -10,8 +10,12 @@ an error that names the wrapper.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import jax.extend as jex
 
+from ..._auto_pipelining_jaxpr import with_io
 from . import utils
 
 _WHAT = {utils.EMBEDDING_LOOKUP_PRIMITIVE_PREFIX: "tpu_sparse_dense_matmul",
@@ -36,16 +40,49 @@ def _has_embedding_update(eqn: jex.core.JaxprEqn) -> bool:
 
 
 def _inline_custom_vjp(jaxpr: jex.core.Jaxpr) -> jex.core.Jaxpr:
-    """`jaxpr` with the `custom_vjp` calls that hold a lookup replaced by their bodies."""
-    eqns = []
+    """`jaxpr` with the `custom_vjp` calls that hold a lookup replaced by their bodies.
+
+    A body may return its inputs unchanged (nnx's `custom_vjp` returns the layer's
+    state next to the activations): later equations then read those inputs directly.
+    """
+    eqns: list[jex.core.JaxprEqn] = []
+    alias: dict[Any, Any] = {}
+
+    def read(atom: Any) -> Any:
+        return atom if isinstance(atom, jex.core.Literal) else alias.get(atom, atom)
+
     for eqn in jaxpr.eqns:
+        eqn = eqn.replace(invars=[read(a) for a in eqn.invars])
         if (eqn.primitive.name == utils.CUSTOM_VJP_CALL_PRIMITIVE_NAME
                 and _has_embedding_lookup(eqn)):
-            body = eqn.params["call_jaxpr"]
-            eqns.extend(utils.inline_jaxpr(body.jaxpr, eqn.invars, eqn.outvars))
+            body = eqn.params["call_jaxpr"].jaxpr
+            body, outvars = _computed_outputs(body, eqn.invars, eqn.outvars, alias)
+            eqns.extend(utils.inline_jaxpr(body, eqn.invars, outvars))
         else:
             eqns.append(eqn)
-    return jaxpr.replace(eqns=eqns)
+    return jaxpr.replace(eqns=eqns, outvars=[read(a) for a in jaxpr.outvars])
+
+
+def _computed_outputs(body: jex.core.Jaxpr, invars: Sequence[Any], outvars: Sequence[Any],
+                      alias: dict[Any, Any]) -> tuple[jex.core.Jaxpr, list[Any]]:
+    """`body` returning only the values it computes (each once), and the caller's
+    variables for those; the caller's other outputs go into `alias`, mapped to the
+    caller's atom that they equal (an input of the call, a literal, or another output)."""
+    produced = {v for eqn in body.eqns for v in eqn.outvars}
+    outer_of_inner = dict(zip(body.invars, invars, strict=True))
+    kept_inner: list[Any] = []
+    kept_outer: list[Any] = []
+    for inner, outer in zip(body.outvars, outvars, strict=True):
+        if isinstance(inner, jex.core.Literal):
+            alias[outer] = inner
+        elif inner not in produced:
+            alias[outer] = outer_of_inner[inner]
+        elif inner in kept_inner:
+            alias[outer] = kept_outer[kept_inner.index(inner)]
+        else:
+            kept_inner.append(inner)
+            kept_outer.append(outer)
+    return with_io(body, outvars=kept_inner), kept_outer
 
 
 def _validate(eqn: jex.core.JaxprEqn, mark: str) -> None:

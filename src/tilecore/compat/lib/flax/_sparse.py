@@ -1,27 +1,26 @@
-"""What the reference's linen and nnx `SparseCoreEmbed` share, over tilecore's native API.
+"""What the reference's linen and nnx `SparseCoreEmbed` share.
 
 The reference's layers return, as the "gradient" of their embedding parameter,
 the *updated* variables (REFERENCE.md gotcha 12): the lookup's VJP runs the
-fused sparse update. `lookup` reproduces that contract with `tilecore.ops.lookup`
-forward and `tilecore.ops.lookup_grad` backward, on the stacking plan that the
-compat feature specs record (`tilecore.compat.embedding.prepare_feature_specs_for_training`).
+fused sparse update. `DeviceCall.lookup_updating` reproduces that contract, and
+like the reference's layers it calls the device functions
+(`tpu_sparse_dense_matmul` forward, `tpu_sparse_dense_matmul_grad` backward), so
+a train step built from the layers is one that `lib.auto_pipelining` can split.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax.core import FrozenDict, unfreeze
 from jax.sharding import Mesh
 
-from .... import ops
-from ....preprocessing import PreprocessedBatch
 from ....stacking import StackingPlan
-from ..._device import buffers, matmul_input_parts, minibatch_count
+from ..._device_api import tpu_sparse_dense_matmul, tpu_sparse_dense_matmul_grad
 from ..._native import build_plan
 from ..._preprocessing import check_options
 from ..._pytree import assert_same_structure, leaves, map_leaves
@@ -53,48 +52,6 @@ def make_plan(feature_specs: Any, global_devices: int, num_sc_per_device: int | 
                       sc_per_device=num_sc_per_device, enable_minibatching=enable_minibatching)
 
 
-def native_batch(plan: StackingPlan, preprocessed: Any, layer: str) -> PreprocessedBatch:
-    """The native batch view of a reference `PreprocessedInput` (no copies)."""
-    parts = matmul_input_parts(preprocessed)
-    found = sorted(getattr(parts, "lhs_row_pointers", {}) or {})
-    if found != sorted(plan.stacks):
-        raise ValueError(
-            f"{layer}: the preprocessed input holds stacks {found} but the feature specs "
-            f"describe stacks {sorted(plan.stacks)}; preprocess with this layer "
-            "(layer.preprocess_inputs(...)) or with the same feature specs."
-        )
-    count = getattr(preprocessed, "num_minibatches", None)
-    if plan.config.enable_minibatching and count is None:
-        raise ValueError(
-            f"{layer}: the layer minibatches, so it needs the minibatch count: pass the "
-            "PreprocessedInput from layer.preprocess_inputs(...), not its sparse_dense_matmul_input."
-        )
-    return PreprocessedBatch(stacks={name: buffers(parts, name) for name in plan.stacks},
-                             num_minibatches=_one_count(count))
-
-
-def _one_count(count: Any) -> int:
-    """Every device's minibatch count from the reference's per-device `num_minibatches`:
-    a Python int for host values, a device scalar for (traced) JAX arrays."""
-    if count is None:
-        return 1
-    if isinstance(count, int | np.integer | np.ndarray):
-        return int(np.asarray(count).reshape(-1)[0])
-    return cast(int, minibatch_count(count))
-
-
-def native_variables(variables: Mapping[str, Any]) -> dict[str, ops.EmbeddingVariables]:
-    """Reference `(table, slot)` pairs as `tilecore.ops.EmbeddingVariables`."""
-    return {name: ops.EmbeddingVariables(v[0], tuple(v[1])) for name, v in variables.items()}
-
-
-def like(updated: Mapping[str, ops.EmbeddingVariables], variables: Mapping[str, Any]) -> Any:
-    """`updated` in the containers of `variables` (its mapping, pair and slot types)."""
-    flat = [leaf for name in sorted(updated)  # jax.tree's order: sorted stacks, table, slots
-            for leaf in (updated[name].table, *updated[name].slots)]
-    return jax.tree.unflatten(jax.tree.structure(variables), flat)
-
-
 def as_float32(variables: Any) -> Any:
     """`variables` with every leaf in float32 (the lookup and update run in float32)."""
     return jax.tree.map(lambda x: x if x.dtype == jnp.float32 else x.astype(jnp.float32),
@@ -107,11 +64,11 @@ def like_dtypes(values: Any, originals: Any) -> Any:
                         values, originals)
 
 
-def in_table_dtypes(feature_specs: Any, plan: StackingPlan, acts: Any, variables: Any) -> Any:
+def in_table_dtypes(feature_specs: Any, acts: Any, variables: Any) -> Any:
     """Each feature's activation in the dtype of its stack's table (mixed precision)."""
 
     def cast(spec: Any, act: jax.Array) -> jax.Array:
-        stack = plan.feature_settings[spec.name].stack_name
+        stack = spec.table_spec.stacked_table_spec.stack_name
         dtype = jax.tree.leaves(variables[stack])[0].dtype
         return act if act.dtype == dtype else act.astype(dtype)
 
@@ -121,53 +78,56 @@ def in_table_dtypes(feature_specs: Any, plan: StackingPlan, acts: Any, variables
     return map_leaves(lambda _: next(cast_values), specs)
 
 
-def _by_feature(feature_specs: Any, plan: StackingPlan, grads: Any) -> dict[str, jax.Array]:
-    """Nested activation gradients (shaped like the specs) → feature → padded gradient."""
-    specs = plain_specs(feature_specs)
-    values = assert_same_structure(plain_specs(grads), specs, "gradients", "feature_specs")
-    out = {}
-    for spec, grad in zip(leaves(specs), values, strict=True):
-        dim = plan.features[spec.name].table.embedding_dim
-        grad = jnp.asarray(grad, jnp.float32)
-        out[spec.name] = jnp.pad(grad, ((0, 0), (0, dim - grad.shape[-1])))
-    return out
+@dataclasses.dataclass(frozen=True)
+class DeviceCall:
+    """What a layer passes to the device functions besides inputs and variables."""
+
+    feature_specs: Any
+    global_device_count: int
+    num_sc_per_device: int
+    sharding_strategy: str
+    enable_minibatching: bool
+    mesh: Mesh | None  # None on one device
+
+    def lookup(self, preprocessed: Any, variables: Any) -> Any:
+        """Activations shaped like the specs (`tpu_sparse_dense_matmul`; plain JAX
+        differentiation, no custom VJP)."""
+        return tpu_sparse_dense_matmul(
+            preprocessed, variables, plain_specs(self.feature_specs),
+            global_device_count=self.global_device_count,
+            sharding_strategy=self.sharding_strategy, num_sc_per_device=self.num_sc_per_device,
+            enable_minibatching=self.enable_minibatching, mesh=self.mesh)
+
+    def update(self, preprocessed: Any, variables: Any, grads: Any, step: Any) -> Any:
+        """The variables (in their own containers) after one fused update with the
+        activation gradients `grads` (`tpu_sparse_dense_matmul_grad`)."""
+        updated = tpu_sparse_dense_matmul_grad(
+            plain_specs(grads), preprocessed, variables, plain_specs(self.feature_specs),
+            global_device_count=self.global_device_count,
+            sharding_strategy=self.sharding_strategy, step=step,
+            num_sc_per_device=self.num_sc_per_device,
+            enable_minibatching=self.enable_minibatching, mesh=self.mesh)
+        return _like(updated, variables)
+
+    def lookup_updating(self, preprocessed: Any, variables: Any, step: Any) -> Any:
+        """Activations shaped like the specs; the VJP for `variables` is the *updated*
+        variables (the reference's contract)."""
+
+        @jax.custom_vjp
+        def forward(variables: Any) -> Any:
+            return self.lookup(preprocessed, variables)
+
+        def forward_with_residuals(variables: Any) -> tuple[Any, Any]:
+            return forward(variables), variables
+
+        def backward(variables: Any, grads: Any) -> tuple[Any]:
+            return (self.update(preprocessed, variables, grads, step),)
+
+        forward.defvjp(forward_with_residuals, backward)
+        return forward(variables)
 
 
-def activations(feature_specs: Any, plan: StackingPlan, acts: Mapping[str, jax.Array]) -> Any:
-    """Feature → activation, shaped like the specs (narrowed to each `output_shape[-1]`)."""
-    return map_leaves(lambda spec: acts[spec.name][:, :int(spec.output_shape[-1])],
-                      plain_specs(feature_specs))
-
-
-def update(feature_specs: Any, plan: StackingPlan, batch: PreprocessedBatch, variables: Any,
-           grads: Any, step: Any, mesh: Mesh | None, axis: str) -> Any:
-    """The updated variables (in the containers of `variables`) after one fused update."""
-    updated = ops.lookup_grad(plan, batch, native_variables(variables),
-                              _by_feature(feature_specs, plan, grads),
-                              0 if step is None else step, mesh=mesh, axis=axis)
-    return like(updated, variables)
-
-
-def lookup_forward(feature_specs: Any, plan: StackingPlan, batch: PreprocessedBatch,
-                   variables: Any, mesh: Mesh | None, axis: str) -> Any:
-    """Activations shaped like the specs (plain JAX differentiation; no custom VJP)."""
-    acts = ops.lookup(plan, batch, native_variables(variables), mesh=mesh, axis=axis)
-    return activations(feature_specs, plan, acts)
-
-
-def lookup(feature_specs: Any, plan: StackingPlan, batch: PreprocessedBatch, variables: Any,
-           step: Any, mesh: Mesh | None, axis: str) -> Any:
-    """Activations shaped like the specs; the VJP for `variables` is the *updated* variables."""
-
-    @jax.custom_vjp
-    def forward(variables: Any) -> Any:
-        return lookup_forward(feature_specs, plan, batch, variables, mesh, axis)
-
-    def forward_with_residuals(variables: Any) -> tuple[Any, Any]:
-        return forward(variables), variables
-
-    def backward(variables: Any, grads: Any) -> tuple[Any]:
-        return (update(feature_specs, plan, batch, variables, grads, step, mesh, axis),)
-
-    forward.defvjp(forward_with_residuals, backward)
-    return forward(variables)
+def _like(updated: Mapping[str, Any], variables: Any) -> Any:
+    """`updated` (stack → (table, slot)) in the containers of `variables`."""
+    flat = [leaf for name in sorted(updated) for leaf in jax.tree.leaves(tuple(updated[name]))]
+    return jax.tree.unflatten(jax.tree.structure(variables), flat)

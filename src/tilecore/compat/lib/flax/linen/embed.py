@@ -6,7 +6,7 @@ As in the reference, the stacked variables are the parameter
 `nn.Partitioned` over `(sharding_axis, None)` whose sharding is
 `utils.embedding_table_format`), and their "gradient" is the *updated*
 variables: the lookup's VJP runs each stack's fused optimizer
-(`tilecore.ops.lookup_grad`) at step 0, as the reference's does. Pair it with
+(`tpu_sparse_dense_matmul_grad`) at step 0, as the reference's does. Pair it with
 `embed_optimizer.create_optimizer_for_sc_model` / `apply_updates_for_sc_model`.
 `tilecore.layers.LinenEmbed` is the native layer, which keeps tables out of
 `"params"` and never passes updated tables off as gradients.
@@ -153,8 +153,12 @@ class SparseCoreEmbed(nn.Module):
                                  self.table_sharding_strategy, self.enable_minibatching,
                                  "SparseCoreEmbed")
 
-    def _ops_mesh(self) -> Mesh | None:
-        return None if self.num_shards == 1 else self.mesh
+    def _device_call(self) -> _sparse.DeviceCall:
+        self._plan()  # unprepared specs or unsupported options fail here, naming the layer
+        return _sparse.DeviceCall(
+            self.feature_specs, self.num_shards, self.num_sc_per_device,
+            self.table_sharding_strategy, self.enable_minibatching,
+            None if self.num_shards == 1 else self.mesh)
 
     def setup(self) -> None:
         if not (self.is_initializing() or self.has_variable("params", EMBEDDING_PARAM_NAME)):
@@ -196,12 +200,10 @@ class SparseCoreEmbed(nn.Module):
         As in the reference, tables of another dtype (e.g. bfloat16) are looked up
         in float32 and each activation comes back in its table's dtype.
         """
-        plan = self._plan()
-        batch = _sparse.native_batch(plan, embedding_lookup_inputs, "SparseCoreEmbed")
+        call = self._device_call()
         table = self.embedding_table
-        acts = _sparse.lookup(self.feature_specs, plan, batch, _sparse.as_float32(table), None,
-                              self._ops_mesh(), self._axis)
-        return _sparse.in_table_dtypes(self.feature_specs, plan, acts, table)
+        acts = call.lookup_updating(embedding_lookup_inputs, _sparse.as_float32(table), None)
+        return _sparse.in_table_dtypes(self.feature_specs, acts, table)
 
     def apply_gradient(self, gradients: Any, embedding_lookup_inputs: Any) -> dict[str, Any]:
         """`{"<module path>/sc_embedding_variables": updated variables}` after one update."""
@@ -210,11 +212,9 @@ class SparseCoreEmbed(nn.Module):
                 "SparseCoreEmbed.apply_gradient reads the embedding variables: call it through "
                 "model.apply(params, gradients, inputs, method=SparseCoreEmbed.apply_gradient)."
             )
-        plan = self._plan()
-        batch = _sparse.native_batch(plan, embedding_lookup_inputs, "SparseCoreEmbed")
         table = self.embedding_table
-        updated = _sparse.update(self.feature_specs, plan, batch, _sparse.as_float32(table),
-                                 _sparse.as_float32(gradients), None, self._ops_mesh(),
-                                 self._axis)
+        updated = self._device_call().update(embedding_lookup_inputs,
+                                             _sparse.as_float32(table),
+                                             _sparse.as_float32(gradients), None)
         return {"/".join((*self.scope.path, EMBEDDING_PARAM_NAME)):
                 _sparse.like_dtypes(updated, table)}

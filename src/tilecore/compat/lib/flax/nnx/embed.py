@@ -116,11 +116,12 @@ class SparseCoreEmbed(nnx.Module):
         """
         return embedding_lookup(self, embedding_lookup_inputs, step=step)
 
-    def _lookup_parts(self, embedding_lookup_inputs: Any) -> tuple[Any, Any, Mesh | None]:
-        """(native plan, native batch, mesh for the ops or None on one device)."""
-        plan = self._plan()
-        batch = _sparse.native_batch(plan, embedding_lookup_inputs, "SparseCoreEmbed")
-        return plan, batch, None if self.num_shards == 1 else self.mesh
+    def _device_call(self) -> _sparse.DeviceCall:
+        self._plan()  # FDO may have changed the specs' limits since __init__
+        return _sparse.DeviceCall(
+            self.feature_specs, self.num_shards, self.num_sc_per_device,
+            self.table_sharding_strategy, self.enable_minibatching,
+            None if self.num_shards == 1 else self.mesh)
 
 
 @nnx.custom_vjp
@@ -129,10 +130,8 @@ def embedding_lookup(embedding_layer: SparseCoreEmbed, embedding_lookup_inputs: 
     """The layer's activations; under `nnx.grad` its `embedding_table` gradient is the
     updated variables (see `embedding_lookup_bwd`)."""
     del step  # used by the backward pass only
-    plan, batch, mesh = embedding_layer._lookup_parts(embedding_lookup_inputs)
-    return _sparse.lookup_forward(embedding_layer.feature_specs, plan, batch,
-                                  embedding_layer.embedding_table.get_value(), mesh,
-                                  embedding_layer.sharding_axis)
+    return embedding_layer._device_call().lookup(embedding_lookup_inputs,
+                                                 embedding_layer.embedding_table.get_value())
 
 
 def _embedding_lookup_fwd(embedding_layer: SparseCoreEmbed, embedding_lookup_inputs: Any,
@@ -147,10 +146,8 @@ def embedding_lookup_bwd(res: tuple[Any, Any, Any], g: Any) -> tuple[Any, Any, A
     embedding_layer, embedding_lookup_inputs, step = res
     (layer_updates_g, inputs_g, step_g), out_g = g
     layer_g = jax.tree.map(lambda x: x, layer_updates_g)  # a copy, as nnx asks
-    plan, batch, mesh = embedding_layer._lookup_parts(embedding_lookup_inputs)
-    layer_g["embedding_table"].set_value(_sparse.update(
-        embedding_layer.feature_specs, plan, batch, embedding_layer.embedding_table.get_value(),
-        out_g, step, mesh, embedding_layer.sharding_axis))
+    layer_g["embedding_table"].set_value(embedding_layer._device_call().update(
+        embedding_lookup_inputs, embedding_layer.embedding_table.get_value(), out_g, step))
     return layer_g, inputs_g, step_g
 
 
