@@ -70,7 +70,7 @@ def run_ops(name: str, case: Case, mesh: Any, out: Path, minibatching: bool = Fa
     from jax.sharding import NamedSharding, PartitionSpec
 
     from tilecore import distributed, ops
-    from tilecore.ops._cpu_kernels import use_cpu_kernels
+    from tilecore.ops._backend import wing
 
     plan = multi_process_plan(case, minibatching)
     agreement = distributed.DistributedAgreement(plan, timeout_s=60, name=f"ops-{name}")
@@ -102,7 +102,7 @@ def run_ops(name: str, case: Case, mesh: Any, out: Path, minibatching: bool = Fa
             for k, array in enumerate((v.table, *v.slots)):
                 saved[f"{step}/after/{stack}/{k}"] = np.asarray(
                     multihost_utils.process_allgather(array, tiled=True))
-    saved["cpu_kernels"] = np.asarray(use_cpu_kernels())  # decided while tracing `forward`
+    saved["cpu_kernels"] = np.asarray(wing().name == "cpu")  # decided while tracing `forward`
     np.savez(out / f"ops-{name}-{jax.process_index()}.npz", allow_pickle=False, **saved)
 
 

@@ -30,12 +30,12 @@ def kernels(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     test runs the path it names, whichever ran before it. The CPU kernels need JAX's
     CPU backend; on an accelerator only the XLA path runs.
     """
-    from tilecore.ops._cpu_kernels import use_cpu_kernels
+    from tilecore.ops._backend import wing
 
     if request.param == "ffi" and jax.default_backend() != "cpu":
         pytest.skip(f"the CPU kernels do not run on the {jax.default_backend()} backend")
     monkeypatch.setenv("TILECORE_KERNELS", request.param)
-    use_cpu_kernels.cache_clear()
+    wing.cache_clear()
     yield request.param
     monkeypatch.undo()
-    use_cpu_kernels.cache_clear()
+    wing.cache_clear()

@@ -114,7 +114,7 @@ def launch(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         pytest.skip(reason)
     spec = LAUNCHES[request.param]
     out = _launch(spec, tmp_path_factory.mktemp(f"distributed-{request.param}"))
-    from tilecore.ops._ffi import unavailable_reason
+    from tilecore.ops.cpu import unavailable_reason
 
     return Launched(spec.processes, out, spec.parts,
                     spec.kernels != "xla" and unavailable_reason() is None)

@@ -1,4 +1,4 @@
-"""Numba kernels as XLA typed-FFI custom calls (`tilecore.ops._ffi`).
+"""Numba kernels as XLA typed-FFI custom calls (`tilecore.ops.cpu._ffi`).
 
 `python tests/test_ffi.py` prints the benchmark numbers (gather_pool vs XLA, in-place
 update, empty-kernel overhead).
@@ -22,9 +22,9 @@ jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 
 try:
-    from tilecore.ops import _ffi
+    from tilecore.ops.cpu import _ffi
 except Exception as error:  # numba/jax too old or missing: the FFI route is optional
-    pytest.skip(f"tilecore.ops._ffi cannot be imported: {error}", allow_module_level=True)
+    pytest.skip(f"tilecore.ops.cpu._ffi cannot be imported: {error}", allow_module_level=True)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -199,7 +199,7 @@ def test_kernel_runs_per_device_inside_shard_map() -> None:
     code = textwrap.dedent("""
         import numpy as np, jax
         from jax.sharding import Mesh, PartitionSpec as P
-        from tilecore.ops import _ffi
+        from tilecore.ops.cpu import _ffi
         assert _ffi.unavailable_reason() is None, _ffi.unavailable_reason()
         assert len(jax.devices()) == 2, jax.devices()
         mesh = Mesh(np.array(jax.devices()), ("d",))
@@ -266,22 +266,22 @@ class _MemoryStore:
 
 def test_processes_choosing_different_kernels_raise(monkeypatch: pytest.MonkeyPatch) -> None:
     from tilecore.distributed import _exchange
-    from tilecore.ops import _cpu_kernels
+    from tilecore.ops import _backend
 
     store = _MemoryStore()
     monkeypatch.setattr(_exchange, "jax_store", lambda: store)
     monkeypatch.setattr(jax, "process_count", lambda: 3)
     for process in (0, 1):
         monkeypatch.setattr(jax, "process_index", lambda process=process: process)
-        _cpu_kernels._check_same_choice_as_peers(None)
-        _cpu_kernels._check_same_choice_as_peers(None)  # deciding again is fine
+        _backend._check_same_choice_as_peers(None)
+        _backend._check_same_choice_as_peers(None)  # deciding again is fine
     monkeypatch.setattr(jax, "process_index", lambda: 2)
     with pytest.raises(RuntimeError, match=(
             r"Process 2 runs the ops with xla \(\$TILECORE_KERNELS=xla\) but process 0 with "
             r"ffi: .* Set \$TILECORE_KERNELS to the same value")):
-        _cpu_kernels._check_same_choice_as_peers("$TILECORE_KERNELS=xla")
+        _backend._check_same_choice_as_peers("$TILECORE_KERNELS=xla")
     monkeypatch.setattr(jax, "process_count", lambda: 1)  # one process: nothing to agree on
-    _cpu_kernels._check_same_choice_as_peers("$TILECORE_KERNELS=xla")
+    _backend._check_same_choice_as_peers("$TILECORE_KERNELS=xla")
 
 
 def _benchmark() -> None:
@@ -358,17 +358,17 @@ if __name__ == "__main__":
 
 
 def test_ffi_on_an_accelerator_backend_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tilecore.ops._cpu_kernels import use_cpu_kernels
+    from tilecore.ops._backend import wing
 
     monkeypatch.setenv("TILECORE_KERNELS", "ffi")
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    use_cpu_kernels.cache_clear()
+    wing.cache_clear()
     try:
         with pytest.raises(RuntimeError, match=r"default backend is 'gpu'.*set it to xla"):
-            use_cpu_kernels()
+            wing()
         monkeypatch.setenv("TILECORE_KERNELS", "auto")
-        use_cpu_kernels.cache_clear()
-        assert not use_cpu_kernels()  # auto: XLA ops on an accelerator
+        wing.cache_clear()
+        assert wing().name == "xla"  # auto: XLA ops on an accelerator
     finally:
         monkeypatch.undo()
-        use_cpu_kernels.cache_clear()
+        wing.cache_clear()

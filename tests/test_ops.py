@@ -38,7 +38,7 @@ from _ops_cases import (
     unshard_state,
 )
 from tilecore import ops
-from tilecore.ops._cpu_kernels import use_cpu_kernels
+from tilecore.ops._backend import wing
 from tilecore.testing import (
     PreprocessCase,
     preprocess_cases,
@@ -273,7 +273,7 @@ def _custom_calls(case: Case) -> set[str]:
 
 
 def test_kernels_setting_picks_the_path(kernels: str) -> None:
-    assert use_cpu_kernels() == (kernels == "ffi")
+    assert wing().name == {"ffi": "cpu", "xla": "xla"}[kernels]
     calls = _custom_calls(CASES[next(iter(CASES))])
     assert bool(calls) == (kernels == "ffi"), calls
 
@@ -283,7 +283,7 @@ def test_ops_match_oracle(name: str, kernels: str) -> None:
     """3 steps of jitted lookup + lookup_grad (donated): activations, tables and slots
     equal the oracle's, untouched rows and slots are bit-unchanged, and the second and
     third steps reuse the first step's compilation."""
-    assert use_cpu_kernels() == (kernels == "ffi")
+    assert wing().name == {"ffi": "cpu", "xla": "xla"}[kernels]
     case = CASES[name]
     run = run_steps(case)
     assert run.traces == {"lookup": 1, "lookup_grad": 1}

@@ -210,8 +210,8 @@ def test_buffer_entries_decode_the_layout() -> None:
     import jax.numpy as jnp
 
     from tilecore.ops._layout import stack_layouts
-    from tilecore.ops._lookup import flat_buffers
     from tilecore.ops._minibatching import buffer_entries
+    from tilecore.ops._per_device import flat_buffers
 
     case, m = MB_CASES["three-stacks"], 3
     _, _, mplan, mbatch = minibatched(case, 0, m)

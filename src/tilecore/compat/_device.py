@@ -26,8 +26,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from .. import ops
-from ..ops._lookup import lookup_stack
-from ..ops._lookup_grad import lookup_grad_stack
+from ..ops._per_device import lookup_grad_stack, lookup_stack
 from ..preprocessing import StackBuffers
 from ..stacking import StackingPlan
 

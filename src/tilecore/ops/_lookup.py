@@ -1,4 +1,5 @@
-"""Forward pass: pooled embedding activations from packed COO buffers."""
+"""Forward pass: pooled embedding activations from packed COO buffers (the public
+`lookup`: per device through `_per_device`, in `shard_map` over a mesh)."""
 
 from __future__ import annotations
 
@@ -12,132 +13,11 @@ from ..preprocessing import PreprocessedBatch, StackBuffers
 from ..stacking import StackingPlan
 from . import _checks as checks
 from ._activations import unstack_activations
-from ._checks import quantize
-from ._cpu_kernels import lookup_buffers, use_cpu_kernels
-from ._cpu_minibatched import lookup_minibatched_buffers
-from ._ffi import gather_pool
-from ._layout import StackLayout, stack_layouts
-from ._minibatching import MAX_MINIBATCHES, buffer_entries, check_sizes, minibatch_windows
-from ._routing import Entries, exchange, slot_entries, windows_by_device
+from ._layout import stack_layouts
+from ._per_device import lookup_stack
 from ._variables import EmbeddingVariables
 
 DEFAULT_AXIS = "sparsecore"
-
-
-FlatBuffers = tuple[jax.Array, jax.Array, jax.Array, jax.Array]
-"""One device's `(row_pointers, embedding_ids, sample_ids, gains)`, each 1-D."""
-
-
-def flat_buffers(buffers: StackBuffers) -> FlatBuffers:
-    """One device's `(row_pointers, embedding_ids, sample_ids, gains)`, flattened."""
-    rp, eids, sids, gains = (jnp.asarray(x).reshape(-1) for x in (
-        buffers.row_pointers, buffers.embedding_ids, buffers.sample_ids, buffers.gains))
-    return rp, eids, sids, gains
-
-
-def received_entries(buffers: StackBuffers, layout: StackLayout, axis: str | None) -> Entries:
-    """Entries addressed to this device's partitions, `[G(source), S(source SC), K]`.
-
-    With one device that is the whole slot (`[1, S, slot]`), without communication.
-    """
-    rp, eids, sids, gains = flat_buffers(buffers)
-    entries = slot_entries(rp, eids, sids, gains, layout)
-    if layout.num_devices == 1:
-        return Entries(*(x[None] for x in entries))
-    assert axis is not None
-    return exchange(windows_by_device(entries, rp, layout), axis)
-
-
-def received_minibatch(flat: FlatBuffers, layout: StackLayout, axis: str | None,
-                       minibatch: jax.Array, num_minibatches: jax.Array) -> Entries:
-    """`received_entries` of one minibatch of minibatched buffers (`[G, S, K]` windows)."""
-    entries = minibatch_windows(*flat, layout, minibatch, num_minibatches)
-    if layout.num_devices == 1:
-        return entries
-    assert axis is not None
-    return exchange(entries, axis)
-
-
-def local_rows(entries: Entries, layout: StackLayout, axis: str | None) -> jax.Array:
-    """Row of each entry in this device's table shard (0 for invalid entries)."""
-    first = 0 if layout.num_devices == 1 else jax.lax.axis_index(axis) * layout.sc_per_device
-    rows = (entries.partitions - first) * layout.rows_per_shard + entries.embedding_ids
-    return jnp.where(entries.valid, rows, 0)
-
-
-def sample_segments(entries: Entries, layout: StackLayout) -> jax.Array:
-    """Segment of each entry in the `[G·S·samples]` pooled output (out of range if invalid)."""
-    g, s, b = entries.valid.shape[0], layout.sc_per_device, layout.samples_per_sc
-    source = jnp.arange(g * s, dtype=jnp.int32).reshape(g, s, 1)
-    return jnp.where(entries.valid, source * b + entries.sample_ids, g * s * b)
-
-
-def pool_entries(entries: Entries, table: jax.Array, layout: StackLayout, axis: str | None,
-                 cpu: bool) -> jax.Array:
-    """This device's `[S·samples_per_sc, dim]` activations from the entries it received."""
-    g, per_device = entries.valid.shape[0], layout.sc_per_device * layout.samples_per_sc
-    rows = local_rows(entries, layout, axis).reshape(-1)
-    segments = sample_segments(entries, layout).reshape(-1)
-    if cpu:
-        pooled = gather_pool(table, rows, segments, entries.gains.reshape(-1), g * per_device)
-    else:
-        pooled = _pool(table, rows, segments, entries.gains.reshape(-1), layout, g * per_device)
-    if layout.num_devices == 1:
-        return pooled
-    pooled = pooled.reshape(g, per_device, layout.dim)
-    return jax.lax.all_to_all(pooled, axis, 0, 0, tiled=True).sum(0)
-
-
-def _pool(table: jax.Array, rows: jax.Array, segments: jax.Array, gains: jax.Array,
-          layout: StackLayout, num_segments: int) -> jax.Array:
-    """`Σ gain · table[row]` per segment with XLA ops (segments out of range are dropped)."""
-    values = jnp.take(table, rows, axis=0)
-    if layout.quantization is not None:
-        values = quantize(values, layout.quantization)
-    return jax.ops.segment_sum(values * gains.reshape(-1, 1), segments, num_segments=num_segments)
-
-
-def lookup_stack(buffers: StackBuffers, table: jax.Array, layout: StackLayout,
-                 axis: str | None = None, num_minibatches: jax.Array | int = 1) -> jax.Array:
-    """One device's stacked activations `[S·samples_per_sc, dim]` (inside shard_map if G>1).
-
-    Minibatched buffers are read one minibatch at a time on a mesh (a loop of
-    `num_minibatches` passes with static shapes, one all-to-all each), accumulating
-    the activations; on one device in one pass, as the sum is the same.
-    """
-    cpu = use_cpu_kernels() and layout.quantization is None
-    if layout.minibatched:
-        return _lookup_minibatched(buffers, table, layout, axis, num_minibatches, cpu)
-    if layout.num_devices == 1 and cpu:
-        return lookup_buffers(buffers, table, layout)
-    return pool_entries(received_entries(buffers, layout, axis), table, layout, axis, cpu)
-
-
-def _lookup_minibatched(buffers: StackBuffers, table: jax.Array, layout: StackLayout,
-                        axis: str | None, num_minibatches: jax.Array | int, cpu: bool
-                        ) -> jax.Array:
-    flat = flat_buffers(buffers)
-    check_sizes(flat[0], flat[1], layout)
-    count = jnp.clip(jnp.asarray(num_minibatches, jnp.int32).reshape(()), 1, MAX_MINIBATCHES)
-    if layout.num_devices == 1:
-        if cpu:
-            return lookup_minibatched_buffers(flat, count, table, layout)
-        # Minibatches only add up activations: on one device, read them all in one pass
-        # (a loop with a traced trip count costs a device-host round trip per iteration
-        # on GPUs).
-        entries, source = buffer_entries(*flat, layout, count)
-        per_device = layout.sc_per_device * layout.samples_per_sc
-        segments = jnp.where(entries.valid, source * layout.samples_per_sc + entries.sample_ids,
-                             per_device)
-        return _pool(table, local_rows(entries, layout, None), segments, entries.gains, layout,
-                     per_device)
-
-    def body(minibatch: jax.Array, total: jax.Array) -> jax.Array:
-        entries = received_minibatch(flat, layout, axis, minibatch, count)
-        return total + pool_entries(entries, table, layout, axis, cpu)
-
-    zeros = jnp.zeros((layout.sc_per_device * layout.samples_per_sc, table.shape[1]), table.dtype)
-    return jax.lax.fori_loop(0, count, body, zeros)
 
 
 def on_mesh(mesh: Mesh, axis: str, *trees: object) -> tuple:

@@ -15,9 +15,10 @@ import jax.numpy as jnp
 import numba
 import numpy as np
 
-from ._cpu_kernels import _aggregate, _layout_array
+from .._backend import FlatBuffers
+from .._layout import StackLayout
 from ._ffi import register_kernel
-from ._layout import StackLayout
+from ._kernels import _aggregate, _layout_array
 
 _jit = numba.njit(nogil=True, cache=True, error_model="numpy", boundscheck=False)
 
@@ -98,7 +99,7 @@ MINIBATCH_ROW_GRADIENTS = register_kernel(
     rets=[(_i32, 1), (_f32, 2), (_i32, 1)])
 
 
-def lookup_minibatched_buffers(flat: tuple[jax.Array, jax.Array, jax.Array, jax.Array], num_minibatches: jax.Array,
+def lookup_minibatched_buffers(flat: FlatBuffers, num_minibatches: jax.Array,
                                table: jax.Array, layout: StackLayout) -> jax.Array:
     """A single device's stacked activations summed over all minibatches of its buffers."""
     out = jax.ShapeDtypeStruct((layout.sc_per_device * layout.samples_per_sc, table.shape[1]),
@@ -112,7 +113,7 @@ def minibatch_capacity(layout: StackLayout, buffer_size: int) -> int:
     return min(layout.sc_per_device * layout.num_partitions * layout.partition_span, buffer_size)
 
 
-def minibatch_row_gradients_buffers(flat: tuple[jax.Array, jax.Array, jax.Array, jax.Array], grads: jax.Array,
+def minibatch_row_gradients_buffers(flat: FlatBuffers, grads: jax.Array,
                                     layout: StackLayout, minibatch: jax.Array,
                                     num_minibatches: jax.Array
                                     ) -> tuple[jax.Array, jax.Array, jax.Array]:

@@ -1,83 +1,21 @@
 """CPU kernels for the device ops (numba, called by XLA through its typed FFI).
 
 XLA's CPU gathers, scatters and sorts cost 80–300 ns per row; these loops do the
-same work at memory speed. `use_cpu_kernels()` decides per process whether the ops
-call them (CPU backend, FFI available, not disabled by $TILECORE_KERNELS=xla);
-every other backend uses the pure-XLA path.
+same work at memory speed. `tilecore.ops._backend` decides per process whether the
+ops call them (this wing) or the pure-XLA wing.
 """
 
 from __future__ import annotations
 
-import os
-from functools import cache
-
 import jax
-import jax.numpy as jnp
 import numba
 import numpy as np
 
-from ..preprocessing import StackBuffers
-from ._ffi import register_kernel, unavailable_reason
-from ._layout import StackLayout
-
-KERNELS_ENV = "TILECORE_KERNELS"
+from .._backend import FlatBuffers
+from .._layout import StackLayout
+from ._ffi import register_kernel
 
 _jit = numba.njit(nogil=True, cache=True, error_model="numpy", boundscheck=False)
-
-
-@cache
-def use_cpu_kernels() -> bool:
-    """Whether the ops run their CPU kernels (`$TILECORE_KERNELS`: auto, ffi or xla).
-
-    Decided once per process; in a multi-process run every process must decide the
-    same (checked against the peers that decided before, see below).
-    """
-    choice = os.environ.get(KERNELS_ENV, "auto").lower()
-    if choice not in ("auto", "ffi", "xla"):
-        raise ValueError(f"${KERNELS_ENV} must be auto, ffi or xla; got {choice!r}.")
-    if choice == "xla" or (choice == "auto" and jax.default_backend() != "cpu"):
-        reason: str | None = f"${KERNELS_ENV}={choice}, backend {jax.default_backend()}"
-    elif jax.default_backend() != "cpu":  # choice == "ffi"
-        raise RuntimeError(
-            f"${KERNELS_ENV}=ffi asks for the numba CPU kernels, but JAX's default backend is "
-            f"{jax.default_backend()!r}: its arrays are not on the CPU. Unset ${KERNELS_ENV} "
-            "(auto) or set it to xla.")
-    else:
-        reason = unavailable_reason()
-        if reason is not None and choice == "ffi":
-            raise RuntimeError(
-                f"${KERNELS_ENV}=ffi but the CPU kernels are unavailable: {reason}")
-    _check_same_choice_as_peers(reason)
-    return reason is None
-
-
-_CHOICE_KEY = "tilecore/cpu_kernels/"
-
-
-def _check_same_choice_as_peers(reason: str | None) -> None:
-    """Publish this process's kernel choice; raise if a peer already chose differently.
-
-    The two paths compile to different programs whose collectives XLA schedules in
-    a different order; in a multi-process run gloo then pairs one process's
-    all-to-all with another's of a different operand (wrong activations, NaN).
-    Never blocks (the first process to decide cannot see the others, a later one
-    can): every process must make the same choice, and this catches most that don't.
-    """
-    from ..distributed._exchange import jax_store
-
-    store = jax_store()
-    if store is None or jax.process_count() == 1:
-        return
-    mine = "ffi" if reason is None else f"xla ({reason})"
-    me = jax.process_index()
-    store.key_value_set(f"{_CHOICE_KEY}{me}", mine, allow_overwrite=True)
-    for key, theirs in store.key_value_dir_get(_CHOICE_KEY):
-        if theirs.split(" ")[0] != mine.split(" ")[0]:
-            raise RuntimeError(
-                f"Process {me} runs the ops with {mine} but process "
-                f"{key.rsplit('/', 1)[-1]} with {theirs}: every process must run the same "
-                f"kernels (their collectives must match). Set ${KERNELS_ENV} to the same "
-                "value (ffi or xla) on every process.")
 
 
 @_jit
@@ -276,20 +214,16 @@ def _layout_array(layout: StackLayout) -> np.ndarray:
                      layout.rows_per_shard, layout.samples_per_sc], np.int32)
 
 
-def lookup_buffers(buffers: StackBuffers, table: jax.Array, layout: StackLayout) -> jax.Array:
+def lookup_buffers(flat: FlatBuffers, table: jax.Array, layout: StackLayout) -> jax.Array:
     """A single device's stacked activations, read straight from its packed buffers."""
     out = jax.ShapeDtypeStruct((layout.sc_per_device * layout.samples_per_sc, table.shape[1]),
                                np.float32)
-    flat = [jnp.reshape(x, -1) for x in (buffers.row_pointers, buffers.embedding_ids,
-                                         buffers.sample_ids, buffers.gains)]
     return LOOKUP_BUFFERS(_layout_array(layout), *flat, table, results=[out])[0]
 
 
-def row_gradients_buffers(buffers: StackBuffers, grads: jax.Array, layout: StackLayout
+def row_gradients_buffers(flat: FlatBuffers, grads: jax.Array, layout: StackLayout
                           ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """`row_gradients` of a single device's packed buffers (no routing, no entry arrays)."""
-    flat = [jnp.reshape(x, -1) for x in (buffers.row_pointers, buffers.embedding_ids,
-                                         buffers.sample_ids, buffers.gains)]
     n = flat[1].shape[0]
     results = [jax.ShapeDtypeStruct((n,), np.int32),
                jax.ShapeDtypeStruct((n, grads.shape[1]), np.float32),

@@ -160,7 +160,7 @@ def _compiled_handler(name: str, kernel: Any, args: Sequence[tuple[np.dtype, int
     py_func = getattr(kernel, "py_func", kernel)
     header = (
         "import numba\nimport numpy as np\nfrom numba import types\n"
-        "import tilecore.ops._ffi as _ffi\n"
+        "import tilecore.ops.cpu._ffi as _ffi\n"
         "globals().update({k: v for k, v in vars(_ffi).items() if k.startswith('_')"
         " and not k.startswith('__')})\n"
         f"from {py_func.__module__} import {py_func.__name__} as _kernel\n\n"

@@ -1,0 +1,88 @@
+"""The CPU wing's kernels (see `tilecore.ops._backend.Wing` for their contracts)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ...specs import OptimizerSpec
+from .._backend import FlatBuffers, RowGradients, Wing
+from .._layout import StackLayout
+from .._sparse_update import updated
+from .._variables import EmbeddingVariables
+from ._ffi import gather_pool
+from ._kernels import (
+    gather_rows,
+    lookup_buffers,
+    row_gradients_buffers,
+    scatter_rows,
+)
+from ._kernels import row_gradients as _row_gradients_kernel
+from ._minibatched import lookup_minibatched_buffers, minibatch_row_gradients_buffers
+
+_CHUNK = 4096
+
+
+def _pool(table: jax.Array, rows: jax.Array, segments: jax.Array, gains: jax.Array,
+          num_segments: int, quantization: Any) -> jax.Array:
+    assert quantization is None  # `_backend.lookup_wing` sends quantized tables to XLA
+    return gather_pool(table, rows, segments, gains, num_segments)
+
+
+def _row_gradients(rows: jax.Array, valid: jax.Array, samples: jax.Array, gains: jax.Array,
+                   grads: jax.Array, sentinel: int) -> RowGradients:
+    del sentinel  # the kernel pads with -1
+    return _row_gradients_kernel(jnp.where(valid, rows, -1), samples, gains, grads)
+
+
+def apply_update(variables: EmbeddingVariables, rows: jax.Array, sums: jax.Array,
+                 spec: OptimizerSpec, step: Any, clip: tuple[float, float] | None,
+                 count: jax.Array | None) -> EmbeddingVariables:
+    """The optimizer on the `count` leading rows only, a chunk at a time (work and
+    memory follow the touched rows, not the padded list)."""
+    real = jnp.int32(rows.shape[0]) if count is None else count
+    chunk = min(_CHUNK, rows.shape[0])
+    last = rows.shape[0] - chunk
+
+    def body(i: jax.Array, variables: EmbeddingVariables) -> EmbeddingVariables:
+        # The last window is shifted back to fit; rows an earlier window took are masked.
+        start = jnp.minimum(i * chunk, last)
+        index = start + jnp.arange(chunk)
+        mine = (index >= i * chunk) & (index < real)
+        part_rows = jnp.where(mine, jax.lax.dynamic_slice_in_dim(rows, start, chunk), -1)
+        part_sums = jax.lax.dynamic_slice_in_dim(sums, start, chunk)
+        return updated(variables, part_rows, part_sums, spec, step, clip, gather_rows,
+                       scatter_rows)
+
+    return jax.lax.fori_loop(0, (real + chunk - 1) // chunk, body, variables)
+
+
+def _lookup_local(flat: FlatBuffers, table: jax.Array, layout: StackLayout,
+                  num_minibatches: jax.Array) -> jax.Array:
+    if layout.minibatched:
+        return lookup_minibatched_buffers(flat, num_minibatches, table, layout)
+    return lookup_buffers(flat, table, layout)
+
+
+def _update_local(flat: FlatBuffers, grads: jax.Array, variables: EmbeddingVariables,
+                  layout: StackLayout, spec: OptimizerSpec, step: Any,
+                  clip: tuple[float, float] | None, num_minibatches: jax.Array
+                  ) -> EmbeddingVariables:
+    """One device's update; minibatched buffers one minibatch at a time (the optimizer
+    runs once per minibatch, as on the reference system)."""
+    if not layout.minibatched:
+        unique, sums, count = row_gradients_buffers(flat, grads, layout)
+        return apply_update(variables, unique, sums, spec, step, clip, count)
+
+    def body(minibatch: jax.Array, variables: EmbeddingVariables) -> EmbeddingVariables:
+        unique, sums, count = minibatch_row_gradients_buffers(flat, grads, layout, minibatch,
+                                                              num_minibatches)
+        return apply_update(variables, unique, sums, spec, step, clip, count)
+
+    return jax.lax.fori_loop(0, num_minibatches, body, variables)
+
+
+WING = Wing(name="cpu", pool=_pool, row_gradients=_row_gradients, apply_update=apply_update,
+            lookup_local=_lookup_local, update_local=_update_local)

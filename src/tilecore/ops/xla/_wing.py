@@ -1,0 +1,90 @@
+"""The XLA wing's kernels (see `tilecore.ops._backend.Wing` for their contracts)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ...specs import OptimizerSpec
+from .._backend import FlatBuffers, RowGradients, Wing
+from .._checks import quantize
+from .._layout import StackLayout
+from .._minibatching import buffer_entries
+from .._per_device import local_rows, pool_entries, received_entries, sources, update_rows
+from .._sparse_update import apply_sparse_update
+from .._variables import EmbeddingVariables
+
+
+def _pool_rows(table: jax.Array, rows: jax.Array, segments: jax.Array, gains: jax.Array,
+               num_segments: int, quantization: Any) -> jax.Array:
+    """`Σ gain · table[row]` per segment (segments out of range are dropped)."""
+    values = jnp.take(table, rows, axis=0)
+    if quantization is not None:
+        values = quantize(values, quantization)
+    return jax.ops.segment_sum(values * gains.reshape(-1, 1), segments, num_segments=num_segments)
+
+
+def row_gradients(rows: jax.Array, valid: jax.Array, samples: jax.Array, gains: jax.Array,
+                  grads: jax.Array, sentinel: int) -> RowGradients:
+    """Sum `gain · grads[sample]` per distinct row: (unique rows padded with `sentinel`,
+    their sums, None).
+
+    Sort-and-segment: no array proportional to the table is formed, and every
+    duplicate of a row lands in one sum, so the optimizer sees each row once.
+    """
+    rows = jnp.where(valid, rows, sentinel)
+    values = grads[samples] * gains.reshape(-1, 1)
+    order = jnp.argsort(rows)
+    rows_sorted = rows[order]
+    first = jnp.concatenate([jnp.ones((1,), bool), rows_sorted[1:] != rows_sorted[:-1]])
+    segment = jnp.cumsum(first) - 1
+    size = rows.shape[0]
+    sums = jax.ops.segment_sum(values[order], segment, num_segments=size, indices_are_sorted=True)
+    unique = jnp.full((size,), sentinel, rows.dtype).at[segment].set(rows_sorted)
+    return unique, sums, None
+
+
+def _apply_update(variables: EmbeddingVariables, rows: jax.Array, sums: jax.Array,
+                  spec: OptimizerSpec, step: Any, clip: tuple[float, float] | None,
+                  count: jax.Array | None) -> EmbeddingVariables:
+    del count  # padding rows hold a sentinel past the shard: their scatters are dropped
+    return apply_sparse_update(variables, rows, sums, spec, step, clip=clip)
+
+
+def lookup_local(flat: FlatBuffers, table: jax.Array, layout: StackLayout,
+                 num_minibatches: jax.Array) -> jax.Array:
+    """One device's activations. Minibatches only add up activations, so minibatched
+    buffers are read in one pass (a loop with a traced trip count costs a device-host
+    round trip per iteration on GPUs)."""
+    if not layout.minibatched:
+        return pool_entries(received_entries(flat, layout, None), table, layout, None, WING)
+    entries, source = buffer_entries(*flat, layout, num_minibatches)
+    per_device = layout.sc_per_device * layout.samples_per_sc
+    segments = jnp.where(entries.valid, source * layout.samples_per_sc + entries.sample_ids,
+                         per_device)
+    return WING.pool(table, local_rows(entries, layout, None), segments, entries.gains,
+                     per_device, layout.quantization)
+
+
+def update_local(flat: FlatBuffers, grads: jax.Array, variables: EmbeddingVariables,
+                 layout: StackLayout, spec: OptimizerSpec, step: Any,
+                 clip: tuple[float, float] | None, num_minibatches: jax.Array
+                 ) -> EmbeddingVariables:
+    """One device's update. Every occurrence of a row lies in one minibatch
+    (preprocessing buckets rows by hash), so the minibatches update disjoint rows and
+    minibatched buffers are applied in a single pass: the same result as a pass per
+    minibatch, at about the standard layout's cost, without a loop that carries the
+    tables (at M=1 that loop made the criteo26 training step 2.1x the standard one
+    on CPU, 1.5x on GPU)."""
+    if layout.minibatched:
+        entries, source = buffer_entries(*flat, layout, num_minibatches)
+    else:
+        entries = received_entries(flat, layout, None)
+        source = sources(entries)
+    return update_rows(entries, source, grads, variables, layout, spec, step, None, clip, WING)
+
+
+WING = Wing(name="xla", pool=_pool_rows, row_gradients=row_gradients,
+            apply_update=_apply_update, lookup_local=lookup_local, update_local=update_local)
