@@ -7,6 +7,7 @@ update, empty-kernel overhead).
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import subprocess
 import sys
@@ -372,3 +373,15 @@ def test_ffi_on_an_accelerator_backend_is_refused(monkeypatch: pytest.MonkeyPatc
     finally:
         monkeypatch.undo()
         wing.cache_clear()
+
+
+def test_handler_cache_key_covers_the_helpers_a_kernel_calls() -> None:
+    """numba's cache of a generated handler only watches the handler's file: the key must
+    change when a helper in the kernel's package changes, or stale machine code runs."""
+    from tilecore.ops.cpu import _ffi, _kernels
+
+    sources = "\n".join(_ffi._kernel_sources(_kernels._row_gradients_buffers_kernel))
+    for helper in (_kernels._buffer_entries, _kernels.entry_in_range, _kernels._aggregate):
+        assert inspect.getsource(helper.py_func) in sources
+    minibatched = "\n".join(_ffi._kernel_sources(_kernels._lookup_buffers_kernel))
+    assert "def lookup_minibatched_buffers" in minibatched  # every sibling module

@@ -258,8 +258,14 @@ def test_wrong_pointer_count_names_the_stack() -> None:
     case = MB_CASES["stacked"]
     plan, batch, _, _ = minibatched(case, 0, 1)
     tables = {k: v.table for k, v in _variables(case, plan).items()}
+    mplan = plan.with_config(enable_minibatching=True)
+    with pytest.raises(ValueError, match=r"another plan; layout: plain \(batch\) vs "
+                                         r"minibatched \(plan\)"):
+        ops.lookup(mplan, batch, tables)
+    # A batch built by hand (no signature) is still measured against the layout.
+    bare = dataclasses.replace(batch, made_for=None)
     with pytest.raises(ValueError, match=r"Stack 'a_b_c'.*row_pointers must hold"):
-        ops.lookup(plan.with_config(enable_minibatching=True), batch, tables)
+        ops.lookup(mplan, bare, tables)
 
 
 # --- on a mesh of fake CPU devices (in a subprocess) -----------------------------------------

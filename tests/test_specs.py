@@ -133,7 +133,7 @@ def test_topology_rejects_bad_values(changes: dict[str, Any], match: str) -> Non
 
 
 @pytest.mark.parametrize(("changes", "match"), [
-    ({"max_ids_per_chip_per_sample": 0}, "max_ids_per_chip_per_sample must be >= 1"),
+    ({"max_ids_per_chip_per_sample": 0}, "max_ids_per_chip_per_sample must be an integer >= 1"),
     ({"max_ids_per_table": {"t": 0}}, r"max_ids_per_table\['t'\] must be an integer >= 1"),
     ({"max_unique_ids_per_table": {"t": True}}, r"max_unique_ids_per_table\['t'\]"),
     ({"max_unique_ids_per_table": {"t": 2.5}}, r"max_unique_ids_per_table\['t'\]"),

@@ -13,6 +13,7 @@ from ..preprocessing import PreprocessedBatch, StackBuffers
 from ..stacking import StackingPlan
 from . import _checks as checks
 from ._activations import unstack_activations
+from ._contract import check_call
 from ._layout import stack_layouts
 from ._per_device import lookup_stack
 from ._variables import EmbeddingVariables
@@ -71,9 +72,7 @@ def lookup(
       Feature name → `[batch, embedding_dim]` (or stack name → stacked block).
     """
     layouts = stack_layouts(plan)
-    devices = plan.topology.global_devices
-    if mesh is None and devices != 1:
-        raise ValueError(f"The plan spans {devices} devices; pass the mesh they form.")
+    check_call(plan, batch, mesh, axis, "lookup")
 
     def per_device(buffers: Mapping[str, StackBuffers], tabs: Mapping[str, jax.Array],
                    num_minibatches: jax.Array) -> dict[str, jax.Array]:

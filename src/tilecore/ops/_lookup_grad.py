@@ -13,6 +13,7 @@ from ..preprocessing import PreprocessedBatch, StackBuffers
 from ..stacking import StackingPlan
 from . import _checks as checks
 from ._activations import stack_gradients
+from ._contract import check_call, check_step
 from ._layout import stack_layouts
 from ._lookup import DEFAULT_AXIS, num_minibatches_of, on_mesh
 from ._per_device import lookup_grad_stack
@@ -51,9 +52,7 @@ def lookup_grad(
         stack's temporaries are alive at a time (lower peak memory, less overlap).
     """
     layouts = stack_layouts(plan)
-    devices = plan.topology.global_devices
-    if mesh is None and devices != 1:
-        raise ValueError(f"The plan spans {devices} devices; pass the mesh they form.")
+    check_call(plan, batch, mesh, axis, "lookup_grad")
     clip = dict(clip or {})
     unknown = sorted(set(clip) - set(layouts))
     if unknown:
@@ -93,6 +92,7 @@ def lookup_grad(
         return dict(zip(layouts, results, strict=True))
 
     tables = {name: variables[name] for name in layouts}
+    check_step(step)
     step = jnp.asarray(step, jnp.int32)  # one compiled program whatever the step's Python type
     count = num_minibatches_of(batch)
     if mesh is None:

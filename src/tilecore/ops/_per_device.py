@@ -17,8 +17,9 @@ import jax.numpy as jnp
 from ..preprocessing import StackBuffers
 from ..specs import OptimizerSpec
 from ._backend import FlatBuffers, Wing, lookup_wing, wing
+from ._contract import check_buffers, check_grads, check_table, check_variables
 from ._layout import StackLayout
-from ._minibatching import MAX_MINIBATCHES, check_sizes, minibatch_windows
+from ._minibatching import MAX_MINIBATCHES, minibatch_windows
 from ._routing import Entries, exchange, slot_entries, windows_by_device
 from ._variables import EmbeddingVariables
 
@@ -30,13 +31,10 @@ def flat_buffers(buffers: StackBuffers) -> FlatBuffers:
     return rp, eids, sids, gains
 
 
-def minibatch_count(layout: StackLayout, flat: FlatBuffers,
-                    num_minibatches: jax.Array | int) -> jax.Array:
-    """The minibatch count as an int32 scalar in [1, 64] (1 without minibatching),
-    after checking that minibatched buffers have that layout's sizes."""
+def minibatch_count(layout: StackLayout, num_minibatches: jax.Array | int) -> jax.Array:
+    """The minibatch count as an int32 scalar in [1, 64] (1 without minibatching)."""
     if not layout.minibatched:
         return jnp.int32(1)
-    check_sizes(flat[0], flat[1], layout)
     return jnp.clip(jnp.asarray(num_minibatches, jnp.int32).reshape(()), 1, MAX_MINIBATCHES)
 
 
@@ -92,7 +90,9 @@ def lookup_stack(buffers: StackBuffers, table: jax.Array, layout: StackLayout,
     """
     kernels = lookup_wing(layout)
     flat = flat_buffers(buffers)
-    count = minibatch_count(layout, flat, num_minibatches)
+    check_buffers(flat, layout)
+    check_table(table, layout)
+    count = minibatch_count(layout, num_minibatches)
     if layout.num_devices == 1:
         return kernels.lookup_local(flat, table, layout, count)
     assert axis is not None
@@ -135,7 +135,10 @@ def lookup_grad_stack(buffers: StackBuffers, grads: jax.Array, variables: Embedd
     """
     kernels = wing()
     flat = flat_buffers(buffers)
-    count = minibatch_count(layout, flat, num_minibatches)
+    check_buffers(flat, layout)
+    check_variables(variables, layout, optimizer)
+    check_grads(grads, layout)
+    count = minibatch_count(layout, num_minibatches)
     variables = EmbeddingVariables(variables.table, tuple(variables.slots))
     if layout.num_devices == 1:
         return kernels.update_local(flat, grads.reshape(-1, layout.dim), variables, layout,

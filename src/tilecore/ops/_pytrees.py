@@ -4,6 +4,8 @@
 it is a traced int32 scalar, so batches with different minibatch counts share one
 compiled step. Host integers (Python or numpy, of any width) are flattened as
 `np.int32`, so the compiled signature does not depend on how the host spelled it.
+`made_for` (the packing plan's signature) is static metadata: the ops check it
+while tracing.
 """
 
 from __future__ import annotations
@@ -30,18 +32,18 @@ def _as_leaf(num_minibatches: Any) -> Any:
     return num_minibatches  # already a JAX value (a tracer or device array): left as is
 
 
-def _flatten_with_keys(batch: PreprocessedBatch) -> tuple[tuple[Any, ...], None]:
+def _flatten_with_keys(batch: PreprocessedBatch) -> tuple[tuple[Any, ...], Any]:
     return ((GetAttrKey("stacks"), batch.stacks),
-            (GetAttrKey("num_minibatches"), _as_leaf(batch.num_minibatches))), None
+            (GetAttrKey("num_minibatches"), _as_leaf(batch.num_minibatches))), batch.made_for
 
 
-def _flatten(batch: PreprocessedBatch) -> tuple[tuple[Any, ...], None]:
-    return (batch.stacks, _as_leaf(batch.num_minibatches)), None
+def _flatten(batch: PreprocessedBatch) -> tuple[tuple[Any, ...], Any]:
+    return (batch.stacks, _as_leaf(batch.num_minibatches)), batch.made_for
 
 
-def _unflatten(_: None, children: Any) -> PreprocessedBatch:
+def _unflatten(made_for: Any, children: Any) -> PreprocessedBatch:
     stacks, num_minibatches = children
-    return PreprocessedBatch(stacks=stacks, num_minibatches=num_minibatches)
+    return PreprocessedBatch(stacks=stacks, num_minibatches=num_minibatches, made_for=made_for)
 
 
 jax.tree_util.register_pytree_with_keys(

@@ -85,7 +85,7 @@ def empty_batch(like: PreprocessedBatch) -> PreprocessedBatch:
     # `int`: a fresh host value even when `like` is on the devices, so that no buffer of
     # the placeholder is one of `like`'s (a state holding it could not be donated).
     return PreprocessedBatch(stacks={name: empty(b) for name, b in like.stacks.items()},
-                             num_minibatches=int(like.num_minibatches))
+                             num_minibatches=int(like.num_minibatches), made_for=like.made_for)
 
 
 def placeholder_input(like: StepInput) -> StepInput:

@@ -14,6 +14,8 @@ from ._limits import row_pointers_size_per_device as row_pointers_size_per_devic
 from ._limits import update_preprocessing_parameters as update_preprocessing_parameters
 from ._preprocess import FeatureInput as FeatureInput
 from ._preprocess import preprocess as preprocess
+from ._signature import batch_signature as batch_signature
+from ._signature import signature_differences as signature_differences
 from ._threads import NUM_THREADS_ENV as NUM_THREADS_ENV
 from ._threads import resolve_num_threads as resolve_num_threads
 from ._types import PreprocessedBatch as PreprocessedBatch
@@ -33,10 +35,12 @@ __all__ = [
     "PreprocessedBatch",
     "Ragged",
     "StackBuffers",
+    "batch_signature",
     "check_limits",
     "coo_buffer_size_per_device",
     "preprocess",
     "resolve_num_threads",
     "row_pointers_size_per_device",
+    "signature_differences",
     "update_preprocessing_parameters",
 ]

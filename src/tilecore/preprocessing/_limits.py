@@ -38,9 +38,18 @@ def coo_buffer_size_per_device(stack: StackSpec, topology: Topology, *,
     factor = MINIBATCHING_FACTOR if enable_minibatching else 1
     theoretical = round_up(stack.max_ids_per_partition, 8) * s * n * factor
     suggested = stack.suggested_coo_buffer_size_per_device
+    size = theoretical if suggested is None else round_up(suggested, 8 * s)
+    if size >= 2**31:
+        raise ValueError(
+            f"Stack {stack.name!r}: its COO buffer would hold {size} entries per device, past "
+            f"the int32 offsets the row pointers use (2**31 - 1): roundup8("
+            f"max_ids_per_partition={stack.max_ids_per_partition})·{s} SparseCores·{n} "
+            f"partitions{f'·{factor} minibatches' if enable_minibatching else ''}"
+            f"{'' if suggested is None else f', suggested {suggested}'}. Set "
+            "suggested_coo_buffer_size_per_device to what batches need (e.g. with "
+            "update_preprocessing_parameters from FDO statistics), or lower the limits.")
     if suggested is None:
         return theoretical
-    size = round_up(suggested, 8 * s)
     if size > theoretical:
         raise ValueError(
             f"Stack {stack.name!r}: suggested_coo_buffer_size_per_device={suggested} exceeds the "

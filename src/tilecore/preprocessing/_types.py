@@ -78,11 +78,14 @@ class PreprocessedBatch:
     """Device-ready buffers of every stack, plus the number of minibatches.
 
     `num_minibatches` is 1 unless `enable_minibatching` split the batch; then it
-    is `popcount(split) + 1`, the same for every stack and process.
+    is `popcount(split) + 1`, the same for every stack and process. `made_for` is
+    the signature of the plan that packed it (`batch_signature`; None for batches
+    built by hand): the device ops refuse a batch made for another plan.
     """
 
     stacks: Mapping[str, StackBuffers]
     num_minibatches: int = 1
+    made_for: tuple[tuple[str, str], ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -50,9 +50,11 @@ class SparseCoreConfig:
             raise TypeError(
                 f"SparseCoreConfig: activation_mem_bytes_limit must be an integer, got {limit!r}."
             )
-        if self.max_ids_per_chip_per_sample is not None and self.max_ids_per_chip_per_sample < 1:
+        per_sample = self.max_ids_per_chip_per_sample
+        if per_sample is not None and (isinstance(per_sample, bool) or not isinstance(
+                per_sample, int) or per_sample < 1):
             raise ValueError(
-                "SparseCoreConfig: max_ids_per_chip_per_sample must be >= 1 or None, got "
+                "SparseCoreConfig: max_ids_per_chip_per_sample must be an integer >= 1 or None, got "
                 f"{self.max_ids_per_chip_per_sample!r}."
             )
         for field in ("max_ids_per_table", "max_unique_ids_per_table"):

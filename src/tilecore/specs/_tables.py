@@ -158,6 +158,12 @@ class FeatureSpec:
             raise ValueError(
                 f"{owner}: output_shape must be >= 2 positive integers, got {output_shape}."
             )
+        if math.prod(output_shape[:-1]) != input_shape[0]:
+            raise ValueError(
+                f"{owner}: input_shape={input_shape} and output_shape={output_shape} disagree on "
+                f"the global batch: {input_shape[0]} input rows, "
+                f"{math.prod(output_shape[:-1])} activation rows (output_shape[:-1])."
+            )
         if output_shape[-1] != self.table.embedding_dim:
             raise ValueError(
                 f"{owner}: output_shape[-1]={output_shape[-1]} differs from the embedding_dim="

@@ -6,6 +6,7 @@ import hashlib
 from collections.abc import Callable, Mapping, Sequence
 
 from ..specs import FeatureSpec, TableSpec, Topology
+from ._checks import check_stack_limits
 from ._plan import FeatureSetting, StackSpec, TableSetting, round_up
 
 StackLimits = Callable[[str, int], tuple[int, int]]
@@ -126,7 +127,8 @@ def build_stack(
         max_ids, max_unique = first.max_ids_per_partition, first.max_unique_ids_per_partition
         suggested = first.suggested_coo_buffer_size_per_device
     elif stack_limits is not None:
-        (max_ids, max_unique), suggested = stack_limits(name, row_offset), None
+        (max_ids, max_unique), suggested = (
+            check_stack_limits(name, row_offset, stack_limits(name, row_offset)), None)
     else:
         max_ids, max_unique, suggested = summed_table_limits(tables)
         if suggested is not None:  # never past what the summed limits can fill

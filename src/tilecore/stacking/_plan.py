@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 from ..specs import FeatureSpec, OptimizerSpec, QuantizationConfig, SparseCoreConfig, TableSpec
 from ..specs import Topology as Topology
+from ._checks import check_limit, check_plan
 
 
 def round_up(value: int, multiple: int) -> int:
@@ -78,6 +79,9 @@ class StackingPlan:
     table_settings: Mapping[str, TableSetting]
     feature_settings: Mapping[str, FeatureSetting]
 
+    def __post_init__(self) -> None:
+        check_plan(self)
+
     @property
     def num_partitions(self) -> int:
         return self.topology.num_partitions
@@ -114,9 +118,8 @@ class StackingPlan:
             "suggested_coo_buffer_size_per_device": suggested_coo_buffer_size_per_device,
         }
         for field, value in changes.items():
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value < 1):
-                raise ValueError(f"Stack {stack!r}: {field} must be an integer >= 1, got {value!r}.")
+            if value is not None:
+                check_limit(stack, field, value)
         new = dataclasses.replace(
-            self.stacks[stack], **{k: v for k, v in changes.items() if v is not None})
+            self.stacks[stack], **{k: int(v) for k, v in changes.items() if v is not None})
         return dataclasses.replace(self, stacks={**self.stacks, stack: new})

@@ -146,6 +146,18 @@ def _cache_dir() -> pathlib.Path | None:
     return path if os.access(path, os.W_OK) else None
 
 
+def _kernel_sources(kernel: Any) -> list[str]:
+    """Every source a compiled handler depends on: this module, its ABI, and each module
+    of the kernel's package (a helper the kernel calls, changed, must change the key:
+    numba's own cache only watches the generated handler file)."""
+    py_func = getattr(kernel, "py_func", kernel)
+    kernel_file = pathlib.Path(inspect.getsourcefile(py_func) or __file__)
+    here = pathlib.Path(__file__).parent
+    files = {pathlib.Path(__file__), here / "_ffi_abi.py", kernel_file,
+             *kernel_file.parent.glob("*.py")}
+    return [f"{path.name}\n{path.read_text()}" for path in sorted(files)]
+
+
 def _compiled_handler(name: str, kernel: Any, args: Sequence[tuple[np.dtype, int]],
                       rets: Sequence[tuple[np.dtype, int]]) -> Any:
     """The cfunc handler of `kernel`, compiled from a generated module numba can cache.
@@ -175,9 +187,8 @@ def _compiled_handler(name: str, kernel: Any, args: Sequence[tuple[np.dtype, int
         exec(compile(body, f"<tilecore ffi handler {name}>", "exec"), scope)
         return numba.cfunc(types.int64(types.int64))(scope["handler"])
     digest = hashlib.sha256("\0".join([
-        source, inspect.getsource(py_func), pathlib.Path(__file__).read_text(),
-        (pathlib.Path(__file__).parent / "_ffi_abi.py").read_text(),
-        numba.__version__, jax.__version__]).encode()).hexdigest()[:16]
+        source, *_kernel_sources(py_func), numba.__version__, jax.__version__]
+    ).encode()).hexdigest()[:16]
     path = directory / f"{name}_{digest}.py"
     if not path.exists():  # written atomically: concurrent processes may race here
         with tempfile.NamedTemporaryFile("w", dir=directory, suffix=".tmp", delete=False) as f:

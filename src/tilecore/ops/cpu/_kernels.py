@@ -98,8 +98,9 @@ def _aggregate(rows, samples, gains, grads, unique, sums, distinct):
                 sums[u, d] = 0.0
         g = gains[i]
         s = samples[i]
-        for d in range(dim):
-            sums[u, d] += g * grads[s, d]
+        if 0 <= s < grads.shape[0]:  # a sample outside the gradients contributes nothing
+            for d in range(dim):
+                sums[u, d] += g * grads[s, d]
     distinct[0] = u + 1
     return 0
 
@@ -107,6 +108,16 @@ def _aggregate(rows, samples, gains, grads, unique, sums, distinct):
 @_jit
 def _row_gradients_kernel(rows, samples, gains, grads, unique, sums, distinct):
     return _aggregate(rows, samples, gains, grads, unique, sums, distinct)
+
+
+@_jit
+def entry_in_range(embedding_id, sample_id, rows_per_shard, samples):
+    """Whether an entry addresses a row of its shard and a sample of its SparseCore.
+
+    Preprocessing never writes any other; a batch built by hand, or damaged, may,
+    and the kernels skip such entries instead of reading or writing out of bounds.
+    """
+    return 0 <= embedding_id < rows_per_shard and 0 <= sample_id < samples
 
 
 @_jit
@@ -126,11 +137,12 @@ def _buffer_entries(layout, row_pointers, embedding_ids, sample_ids):
         previous = 0
         for p in range(n):
             end = row_pointers[s * per_sc + p]
-            start = (previous + 7) & ~7
+            start = max((previous + 7) & ~7, 0)
             previous = end
             for j in range(s * slot + start, s * slot + min(end, slot)):
-                rows[j] = p * rows_per_shard + embedding_ids[j]
-                smp[j] = s * samples + sample_ids[j]
+                if entry_in_range(embedding_ids[j], sample_ids[j], rows_per_shard, samples):
+                    rows[j] = p * rows_per_shard + embedding_ids[j]
+                    smp[j] = s * samples + sample_ids[j]
     return rows, smp
 
 
@@ -146,10 +158,13 @@ def _lookup_buffers_kernel(layout, row_pointers, embedding_ids, sample_ids, gain
         previous = 0
         for p in range(n):
             end = row_pointers[s * per_sc + p]
-            start = (previous + 7) & ~7
+            start = max((previous + 7) & ~7, 0)
             previous = end
             base = p * rows_per_shard
             for j in range(s * slot + start, s * slot + min(end, slot)):
+                if not entry_in_range(embedding_ids[j], sample_ids[j], rows_per_shard,
+                                      samples):
+                    continue
                 r = base + embedding_ids[j]
                 o = s * samples + sample_ids[j]
                 g = gains[j]

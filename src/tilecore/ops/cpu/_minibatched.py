@@ -5,7 +5,8 @@ accumulate over minibatches, so one pass over the pointed ranges gives the sum.
 The gradient kernel lists one minibatch's entries (a bounded window of them) and
 sums them per row, so the optimizer can be applied minibatch by minibatch.
 Like every kernel here they never raise: pointers outside the buffer are clipped,
-and a minibatch with more entries than its limits allow is truncated.
+entries outside their shard or SparseCore are skipped, and a minibatch with more
+entries than its limits allow is truncated.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 from .._backend import FlatBuffers
 from .._layout import StackLayout
 from ._ffi import register_kernel
-from ._kernels import _aggregate, _layout_array
+from ._kernels import _aggregate, _layout_array, entry_in_range
 
 _jit = numba.njit(nogil=True, cache=True, error_model="numpy", boundscheck=False)
 
@@ -42,6 +43,9 @@ def _lookup_minibatched_kernel(layout, count, row_pointers, embedding_ids, sampl
             previous = end
             base_row = p * rows_per_shard
             for j in range(max(start, 0), end):
+                if not entry_in_range(embedding_ids[j], sample_ids[j], rows_per_shard,
+                                      samples):
+                    continue
                 r = base_row + embedding_ids[j]
                 o = base_sample + sample_ids[j]
                 g = gains[j]
@@ -73,6 +77,9 @@ def _minibatch_entries(layout, which, row_pointers, embedding_ids, sample_ids, g
             for j in range(max(start, 0), end):
                 if used == capacity:
                     return rows, smp, gns
+                if not entry_in_range(embedding_ids[j], sample_ids[j], rows_per_shard,
+                                      samples):
+                    continue
                 rows[used] = p * rows_per_shard + embedding_ids[j]
                 smp[used] = s * samples + sample_ids[j]
                 gns[used] = gains[j]

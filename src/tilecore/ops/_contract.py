@@ -1,0 +1,132 @@
+"""What crosses into the device ops, checked while tracing (shapes are static, so the
+checks cost nothing per step): no batch, table or gradient that does not fit the
+plan reaches a kernel, where it would read out of bounds or return garbage."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from ..preprocessing import PreprocessedBatch, signature_differences
+from ..specs import OptimizerSpec
+from ..stacking import StackingPlan
+from ._backend import FlatBuffers
+from ._layout import StackLayout
+from ._minibatching import check_sizes
+
+_REMEDY = ("Preprocess the batch with the plan you pass to the ops (after an FDO or limit "
+           "change, preprocess again with the new plan).")
+
+
+def check_call(plan: StackingPlan, batch: PreprocessedBatch, mesh: Mesh | None, axis: str,
+               what: str) -> None:
+    """The batch was made for `plan`, holds its stacks, and the mesh is the plan's."""
+    devices = plan.topology.global_devices
+    if mesh is None and devices != 1:
+        raise ValueError(f"{what}: the plan spans {devices} devices; pass the mesh they form.")
+    if mesh is not None:
+        if axis not in mesh.shape:
+            raise ValueError(f"{what}: the mesh has axes {tuple(mesh.shape)}, not {axis!r}; "
+                             "pass axis= the mesh axis the tables are sharded over.")
+        if mesh.shape[axis] != devices:
+            raise ValueError(
+                f"{what}: the mesh splits {axis!r} over {mesh.shape[axis]} devices but the "
+                f"plan was built for {devices}; build the plan for this mesh "
+                f"(Topology(global_devices={mesh.shape[axis]}, ...)) or use its mesh.")
+    missing = sorted(set(plan.stacks) - set(batch.stacks))
+    extra = sorted(set(batch.stacks) - set(plan.stacks))
+    if missing or extra:
+        raise ValueError(
+            f"{what}: the batch holds stacks {sorted(batch.stacks)} but the plan has "
+            f"{sorted(plan.stacks)} (missing {missing}, unknown {extra}). {_REMEDY}")
+    made_for = getattr(batch, "made_for", None)
+    if made_for is not None:
+        differences = signature_differences(made_for, plan)
+        if differences:
+            raise ValueError(
+                f"{what}: the batch was preprocessed for another plan; "
+                f"{'; '.join(differences[:4])}"
+                f"{f' (and {len(differences) - 4} more)' if len(differences) > 4 else ''}. "
+                f"{_REMEDY}")
+
+
+def check_buffers(flat: FlatBuffers, layout: StackLayout) -> None:
+    """One device's flat buffers have the sizes of the stack's layout."""
+    rp, ids, samples, gains = flat
+    sizes = {"embedding_ids": ids.shape[0], "sample_ids": samples.shape[0],
+             "gains": gains.shape[0]}
+    if len(set(sizes.values())) != 1:
+        raise ValueError(f"Stack {layout.name!r}: one device's COO buffers differ in size "
+                         f"({sizes}); they must be one batch's buffers. {_REMEDY}")
+    if layout.minibatched:
+        check_sizes(rp, ids, layout)
+        return
+    s = layout.sc_per_device
+    want = {"row_pointers": s * layout.pointers_per_sc, "COO entries": s * layout.slot}
+    got = {"row_pointers": rp.shape[0], "COO entries": ids.shape[0]}
+    if got != want:
+        raise ValueError(
+            f"Stack {layout.name!r}: each device's buffers hold {got} but the plan's layout "
+            f"has {want} ({s} SparseCores x {layout.pointers_per_sc} pointers, x "
+            f"{layout.slot} entries): the batch was preprocessed for another plan (batch "
+            f"size, limits, devices or minibatching), or for another device count. {_REMEDY}")
+
+
+def check_table(table: jax.Array, layout: StackLayout, what: str = "table") -> None:
+    """A device's shard of a stack's table (or slot) is `[S·R, dim]`."""
+    want = (layout.rows_per_device, layout.dim)
+    if tuple(table.shape) != want:
+        raise ValueError(
+            f"Stack {layout.name!r}: each device's {what} shard is {tuple(table.shape)} but the "
+            f"plan's is {want} ({layout.sc_per_device} SparseCores x {layout.rows_per_shard} "
+            f"rows, width {layout.dim}); rows outside it would be lost. Create the variables "
+            "with tilecore.ops.init_tables(plan, key) (or shard) for this plan and mesh.")
+
+
+def check_variables(variables: Any, layout: StackLayout,
+                    optimizer: OptimizerSpec | None = None) -> None:
+    """A stack's table and slots fit the layout (and, given it, the optimizer's slots)."""
+    if optimizer is not None and len(variables.slots) != len(optimizer.slot_names):
+        raise ValueError(
+            f"Stack {layout.name!r}: the variables carry {len(variables.slots)} slot(s) but "
+            f"{type(optimizer).__name__} keeps {len(optimizer.slot_names)} "
+            f"({', '.join(optimizer.slot_names) or 'none'}); create them with "
+            "tilecore.ops.init_tables(plan, key) for this plan.")
+    check_table(variables.table, layout)
+    for k, slot in enumerate(variables.slots):
+        check_table(slot, layout, f"slot {k}")
+
+
+def check_grads(grads: jax.Array, layout: StackLayout) -> None:
+    """One device's stacked activation gradients are `[S·samples_per_sc, dim]`."""
+    want = layout.sc_per_device * layout.samples_per_sc * layout.dim
+    if int(np.prod(grads.shape)) != want:
+        raise ValueError(
+            f"Stack {layout.name!r}: each device's activation gradients are "
+            f"{tuple(grads.shape)} but the plan's stacked activations are "
+            f"[{layout.sc_per_device * layout.samples_per_sc}, {layout.dim}]; pass the "
+            "gradients of the activations lookup returned for this batch.")
+
+
+def stack_names(mapping: Mapping[str, Any], plan: StackingPlan, what: str) -> None:
+    missing = sorted(set(plan.stacks) - set(mapping))
+    if missing:
+        raise ValueError(f"{what} lack stacks {missing}; the plan has {sorted(plan.stacks)}.")
+
+
+def check_step(step: Any) -> None:
+    """A concrete step is a 0-based int32 count (a negative one makes Adam's bias
+    correction divide by zero; past 2**31 it would wrap). Traced steps pass."""
+    if isinstance(step, jax.core.Tracer):
+        return
+    value = np.asarray(step)
+    if value.shape != () or not np.issubdtype(value.dtype, np.integer):
+        raise ValueError(f"step must be an integer scalar (the 0-based global step), got "
+                         f"{step!r}.")
+    if not 0 <= int(value) < 2**31:
+        raise ValueError(f"step must be in [0, 2**31), got step={int(value)}: it is the "
+                         "0-based count of updates applied so far.")

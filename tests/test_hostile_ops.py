@@ -1,0 +1,203 @@
+"""Hostile cases at the plan ↔ batch ↔ tables ↔ mesh boundary of the device ops.
+
+Each mistake a user makes when wiring the stages together (a batch preprocessed for
+another plan, tables of another plan, gradients of another shape, a mesh that is
+not the plan's) must end in one clear error that names the stack and the mismatch,
+raised while tracing, before any kernel runs; with both wings (numba CPU kernels
+and plain XLA). Batches built by hand carry no signature: their buffers are still
+measured against the layout, and entries that address rows or samples outside
+their shard are skipped by the kernels, never read or written out of bounds. Those
+cases run in a subprocess, where a crash would show as a signal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import tilecore as tc
+from tilecore import ops
+
+
+def make_plan(batch: int = 64, vocab: int = 1000, dim: int = 16, devices: int = 1,
+              minibatching: bool = False, max_ids: int = 256) -> tc.StackingPlan:
+    items = tc.TableSpec(name="items", vocab_size=vocab, embedding_dim=dim, combiner="mean",
+                         optimizer=tc.Adagrad(learning_rate=0.5),
+                         max_ids_per_partition=max_ids)
+    features = [tc.FeatureSpec(name="clicked", table=items, input_shape=(batch, 1)),
+                tc.FeatureSpec(name="history", table=items, input_shape=(batch, 4))]
+    return tc.plan_stacking(features, tc.Topology(global_devices=devices, sc_per_device=4),
+                            tc.SparseCoreConfig(enable_minibatching=minibatching))
+
+
+def make_batch(plan: tc.StackingPlan, seed: int = 0) -> tc.PreprocessedBatch:
+    batch = plan.features["clicked"].input_shape[0]
+    vocab = plan.tables["items"].vocab_size
+    rng = np.random.default_rng(seed)
+    ids = {"clicked": rng.integers(0, vocab, (batch, 1)),
+           "history": rng.integers(0, vocab, (batch, 4))}
+    return tc.preprocess(plan, ids)[0]
+
+
+PLAN = make_plan()
+OTHER_PLANS = {
+    "batch size": (make_plan(batch=128), r"'clicked'|samples"),
+    "vocabulary": (make_plan(vocab=100_000), r"100000 rows"),
+    "limit": (make_plan(max_ids=64), r"max_ids_per_partition 64"),
+    "minibatching": (make_plan(minibatching=True), r"layout: minibatched \(batch\) vs plain"),
+    "devices": (make_plan(devices=2), r"topology: 2 device\(s\)"),
+}
+
+
+def grads_for(acts: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    return {name: jnp.ones_like(a) for name, a in acts.items()}
+
+
+@pytest.mark.parametrize("mistake", sorted(OTHER_PLANS))
+def test_batch_of_another_plan_is_refused_by_every_op(mistake: str, kernels: str) -> None:
+    other, names = OTHER_PLANS[mistake]
+    batch = make_batch(other)
+    variables = ops.init_tables(PLAN, jax.random.key(0))
+    acts = ops.lookup(PLAN, make_batch(PLAN), variables)
+    for call in (lambda: ops.lookup(PLAN, batch, variables),
+                 lambda: ops.lookup_grad(PLAN, batch, variables, grads_for(acts)),
+                 lambda: jax.jit(lambda b, v: ops.lookup(PLAN, b, v))(batch, variables)):
+        with pytest.raises(ValueError, match=r"preprocessed for another plan.*" + names):
+            call()
+
+
+def test_batch_missing_a_stack() -> None:
+    batch = make_batch(PLAN)
+    variables = ops.init_tables(PLAN, jax.random.key(0))
+    with pytest.raises(ValueError, match=r"holds stacks \[\] .*missing \['items'\]"):
+        ops.lookup(PLAN, dataclasses.replace(batch, stacks={}), variables)
+
+
+@pytest.mark.parametrize("mistake", ["fewer rows", "other width", "slot shape"])
+def test_tables_of_another_plan(mistake: str, kernels: str) -> None:
+    batch = make_batch(PLAN)
+    variables = ops.init_tables(PLAN, jax.random.key(0))
+    acts = ops.lookup(PLAN, batch, variables)
+    if mistake == "fewer rows":
+        bad = ops.init_tables(make_plan(vocab=200), jax.random.key(0))
+    elif mistake == "other width":
+        bad = ops.init_tables(make_plan(dim=8), jax.random.key(0))
+    else:
+        v = variables["items"]
+        bad = {"items": ops.EmbeddingVariables(v.table, (v.slots[0][:-8],))}
+    match = r"Stack 'items': each device's (table|slot 0) shard is"
+    if mistake != "slot shape":
+        with pytest.raises(ValueError, match=match):
+            ops.lookup(PLAN, batch, bad)
+    with pytest.raises(ValueError, match=match):
+        ops.lookup_grad(PLAN, batch, bad, grads_for(acts))
+
+
+def test_gradients_of_another_shape(kernels: str) -> None:
+    batch = make_batch(PLAN)
+    variables = ops.init_tables(PLAN, jax.random.key(0))
+    acts = ops.lookup(PLAN, batch, variables, stacked=True)
+    wrong = {name: jnp.ones((a.shape[0] // 2, a.shape[1])) for name, a in acts.items()}
+    with pytest.raises(ValueError, match=r"Stack 'items': each device's activation gradients"):
+        ops.lookup_grad(PLAN, batch, variables, wrong, stacked=True)
+
+
+def test_variables_of_another_optimizer(kernels: str) -> None:
+    """Slots for SGD (none) where the plan's Adagrad keeps one: refused before updating."""
+    batch = make_batch(PLAN)
+    variables = ops.init_tables(PLAN, jax.random.key(0))
+    acts = ops.lookup(PLAN, batch, variables)
+    bare = {"items": ops.EmbeddingVariables(variables["items"].table, ())}
+    with pytest.raises(ValueError, match=r"Stack 'items': the variables carry 0 slot\(s\) but "
+                                         r"Adagrad keeps 1 \(accumulator\)"):
+        ops.lookup_grad(PLAN, batch, bare, grads_for(acts))
+
+
+@pytest.mark.parametrize("step", [-1, 2**31, 1.5, np.array([1, 2])])
+def test_steps_outside_the_int32_count_are_refused(step: Any) -> None:
+    """A negative step made Adam's bias correction non-finite; past 2**31 it would wrap."""
+    batch = make_batch(PLAN)
+    variables = ops.init_tables(PLAN, jax.random.key(0))
+    acts = ops.lookup(PLAN, batch, variables)
+    with pytest.raises(ValueError, match=r"step must be"):
+        ops.lookup_grad(PLAN, batch, variables, grads_for(acts), step=step)
+
+
+def test_hand_built_batch_is_measured_against_the_layout(kernels: str) -> None:
+    """No signature (a batch built by hand): buffers of another size are still refused."""
+    batch = dataclasses.replace(make_batch(make_plan(minibatching=True)), made_for=None)
+    variables = ops.init_tables(PLAN, jax.random.key(0))
+    with pytest.raises(ValueError, match=r"Stack 'items': each device's buffers hold"):
+        ops.lookup(PLAN, batch, variables)
+    ragged = dataclasses.replace(make_batch(PLAN), made_for=None)
+    buffers = ragged.stacks["items"]
+    short = dataclasses.replace(buffers, gains=buffers.gains[:, :-8])
+    with pytest.raises(ValueError, match=r"COO buffers differ in size"):
+        ops.lookup(PLAN, dataclasses.replace(ragged, stacks={"items": short}), variables)
+
+
+# --- in a subprocess: what a crash would look like ---------------------------------------------
+
+_SUBPROCESS = textwrap.dedent("""
+    import dataclasses, json, sys
+    import numpy as np, jax, jax.numpy as jnp
+    sys.path.insert(0, {tests!r})
+    from test_hostile_ops import PLAN, make_batch, make_plan
+    from tilecore import ops
+    out = {{}}
+    variables = ops.init_tables(PLAN, jax.random.key(0))
+    for name, other in [("batch size", make_plan(batch=128, max_ids=256)),
+                        ("vocabulary", make_plan(vocab=100_000, max_ids=256)),
+                        ("garbage ids", None)]:
+        if other is None:
+            batch = make_batch(PLAN)
+            b = batch.stacks["items"]
+            rng = np.random.default_rng(1)
+            b = dataclasses.replace(
+                b, embedding_ids=rng.integers(-2**31, 2**31 - 1, b.embedding_ids.shape,
+                                              dtype=np.int64).astype(np.int32),
+                sample_ids=rng.integers(-2**31, 2**31 - 1, b.sample_ids.shape,
+                                        dtype=np.int64).astype(np.int32),
+                row_pointers=rng.integers(-2**31, 2**31 - 1, b.row_pointers.shape,
+                                          dtype=np.int64).astype(np.int32))
+            batch = dataclasses.replace(batch, stacks={{"items": b}})
+        else:
+            batch = make_batch(other)
+        batch = dataclasses.replace(batch, made_for=None)
+        try:
+            acts = ops.lookup(PLAN, batch, variables, stacked=True)
+            new = ops.lookup_grad(PLAN, batch, variables,
+                                  {{k: jnp.ones_like(a) for k, a in acts.items()}}, stacked=True)
+            jax.block_until_ready(new)
+            out[name] = "ran"
+        except ValueError as error:
+            out[name] = "error: " + str(error)[:200]
+    print(json.dumps(out))
+""")
+
+
+@pytest.mark.parametrize("wing", ["ffi", "xla"])
+def test_hand_built_batches_never_crash_the_kernels(wing: str) -> None:
+    """Same sizes as the plan's layout but addressing rows and samples of another plan
+    (or random): the process survives and either raises or runs (the entries outside
+    the shard or sample range are skipped)."""
+    tests = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, JAX_PLATFORMS="cpu", TILECORE_KERNELS=wing)
+    env.pop("XLA_FLAGS", None)
+    done = subprocess.run([sys.executable, "-c", _SUBPROCESS.format(tests=tests)], env=env,
+                          capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, f"exit {done.returncode}:\n{done.stderr[-3000:]}"
+    outcomes: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(outcomes) == {"batch size", "vocabulary", "garbage ids"}, outcomes
+    assert all(o == "ran" or o.startswith("error: Stack 'items'") for o in outcomes.values()), (
+        outcomes)

@@ -1,0 +1,112 @@
+"""Hostile cases at the specs ↔ plan boundary: what a plan is built from and what it promises.
+
+A plan that contradicts itself, or needs integers past int32, used to be accepted and
+fail later (IDs wrapping to negative values, a feature's IDs never checked). Each
+case must be refused when the spec or the plan is built, naming the table, feature
+or stack and the value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tilecore as tc
+from tilecore import stacking
+
+TOPOLOGY = tc.Topology(global_devices=1, sc_per_device=4)
+
+
+def features(vocab: int = 1000, count: int = 2) -> list[tc.FeatureSpec]:
+    tables = [tc.TableSpec(name=f"t{i}", vocab_size=vocab, embedding_dim=8) for i in range(count)]
+    return [tc.FeatureSpec(name=f"f{i}", table=t, input_shape=(64, 4))
+            for i, t in enumerate(tables)]
+
+
+def test_stacked_rows_past_int32_are_refused() -> None:
+    """Two tables of 2**31 − 8 rows each fit int32 alone, not stacked."""
+    with pytest.raises(ValueError, match=r"Stack 't0_t1': its tables \['t0', 't1'\] stack to "
+                                         r"4294967296 rows .* separate stacks"):
+        stacking.stack_tables(features(2**31 - 8), TOPOLOGY, [["t0", "t1"]])
+
+
+@pytest.mark.parametrize(("returned", "match"), [
+    ((0, 5), r"max_ids_per_partition must be an integer in \[1, 2\*\*31\), got 0"),
+    ((5, -1), r"max_unique_ids_per_partition must be an integer in \[1, 2\*\*31\), got -1"),
+    ((2.5, 4), r"max_ids_per_partition must be an integer .* got 2.5"),
+    (None, r"stack_limits must return \(max_ids_per_partition, max_unique_ids_per_partition\)"),
+    ((1, 2, 3), r"stack_limits must return"),
+])
+def test_stack_limit_callbacks_returning_nonsense(returned: Any, match: str) -> None:
+    def limits(name: str, samples: int) -> Any:
+        return returned
+
+    with pytest.raises(ValueError, match=r"Stack 't0_t1': " + match):
+        stacking.stack_tables(features(), TOPOLOGY, [["t0", "t1"]], stack_limits=limits)
+
+
+def test_stack_limit_callbacks_may_return_numpy_integers() -> None:
+    plan = stacking.stack_tables(features(), TOPOLOGY, [["t0", "t1"]],
+                                 stack_limits=lambda name, samples: (np.int64(24), np.int32(16)))
+    stack = plan.stacks["t0_t1"]
+    assert (stack.max_ids_per_partition, stack.max_unique_ids_per_partition) == (24, 16)
+    assert type(stack.max_ids_per_partition) is int
+
+
+@pytest.mark.parametrize("value", [1.5, 0, -3, True])
+def test_per_sample_limit_must_be_a_positive_integer(value: Any) -> None:
+    with pytest.raises(ValueError, match=r"max_ids_per_chip_per_sample must be an integer >= 1"):
+        tc.SparseCoreConfig(max_ids_per_chip_per_sample=value)
+
+
+def test_output_shape_contradicting_input_shape() -> None:
+    table = tc.TableSpec(name="t", vocab_size=100, embedding_dim=8)
+    with pytest.raises(ValueError, match=r"FeatureSpec 'f': input_shape=\(64, 4\) and "
+                                         r"output_shape=\(32, 8\) disagree on the global "
+                                         r"batch: 64 input rows, 32 activation rows"):
+        tc.FeatureSpec(name="f", table=table, input_shape=(64, 4), output_shape=(32, 8))
+
+
+def _edited(change: Callable[[tc.StackingPlan], dict[str, Any]]) -> None:
+    plan = stacking.stack_tables(features(), TOPOLOGY)
+    dataclasses.replace(plan, **change(plan))
+
+
+def test_feature_in_no_stack_is_refused() -> None:
+    """A feature whose stack is missing would get no buffers: its IDs never checked."""
+    with pytest.raises(ValueError, match=r"Feature 'f1' \(table 't1'\) is in no stack of the "
+                                         r"plan \(stacks: \['t0'\]\)"):
+        _edited(lambda plan: {"stacks": {"t0": plan.stacks["t0"]}})
+
+
+def test_stack_listing_a_table_placed_elsewhere_is_refused() -> None:
+    def moved(plan: tc.StackingPlan) -> dict[str, Any]:
+        setting = dataclasses.replace(plan.table_settings["t1"], stack_name="t0")
+        return {"table_settings": {**plan.table_settings, "t1": setting}}
+
+    with pytest.raises(ValueError, match=r"Stack 't1' lists table 't1', but the plan places "
+                                         r"that table in stack 't0'"):
+        _edited(moved)
+
+
+@pytest.mark.parametrize("value", [0, -1, 2**31, 3.0])
+def test_with_stack_limits_checks_its_values(value: Any) -> None:
+    plan = stacking.stack_tables(features(), TOPOLOGY)
+    with pytest.raises(ValueError, match=r"Stack 't0': max_ids_per_partition must be an integer"):
+        plan.with_stack_limits("t0", max_ids_per_partition=value)
+
+
+def test_coo_buffers_past_int32_offsets_are_refused() -> None:
+    plan = stacking.stack_tables(features(), TOPOLOGY)
+    stack = dataclasses.replace(plan.stacks["t0"], max_ids_per_partition=2**30)
+    with pytest.raises(ValueError, match=r"Stack 't0': its COO buffer would hold 17179869184 "
+                                         r"entries per device, past the int32 offsets"):
+        tc.preprocessing.coo_buffer_size_per_device(stack, TOPOLOGY)
+    with pytest.raises(ValueError, match=r"past the int32 offsets .*64 minibatches"):
+        tc.preprocessing.coo_buffer_size_per_device(
+            dataclasses.replace(stack, max_ids_per_partition=2**22), TOPOLOGY,
+            enable_minibatching=True)
