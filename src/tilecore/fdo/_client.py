@@ -6,6 +6,8 @@ import abc
 from pathlib import Path
 
 from ..preprocessing import PreprocessStats
+from ..stacking import StackingPlan
+from ._validate import check_stats
 
 
 class FdoClient(abc.ABC):
@@ -15,6 +17,7 @@ class FdoClient(abc.ABC):
     `publish`es them, waits for every process (a barrier), and `load`s the
     element-wise maximum over all processes, which it passes to
     `tilecore.update_preprocessing_parameters` so every process agrees on limits.
+    `load_for(plan)` is `load` checked against the plan first.
     """
 
     @abc.abstractmethod
@@ -28,3 +31,14 @@ class FdoClient(abc.ABC):
     @abc.abstractmethod
     def load(self) -> PreprocessStats:
         """The element-wise maximum of the published statistics of all processes."""
+
+    def load_for(self, plan: StackingPlan) -> PreprocessStats:
+        """`load`, checked against `plan` before the statistics can change its limits.
+
+        Loaded statistics may be corrupt or of another plan: an `FdoStatsError`
+        (a ValueError) names the stack, field and value; a stack of the plan they
+        lack keeps its limits, with an `FdoStatsWarning`. File clients override
+        this to name the file.
+        """
+        return check_stats(plan, self.load(), f"The statistics {type(self).__name__}.load() "
+                                              "returned")

@@ -5,7 +5,8 @@ the keys `<stack>_max_ids`, `<stack>_max_unique_ids`, `<stack>_required_buffer_s
 and `<stack>_id_drop_counters`, each a 2-D int64 array with one row per recorded
 step (`[steps, N]`, `[steps, N]`, `[steps, S]`, `[steps, 1]`). Files in the
 layouts of jax-tpu-embedding 0.2.0's clients (0-d and 1-d arrays) load too; the
-formats themselves live in `_formats`.
+formats themselves live in `_formats`. A client given the plan checks every file
+against it when loading (`_validate`); every publish is written atomically.
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ from typing import IO
 import numpy as np
 
 from ..preprocessing import PreprocessStats
+from ..stacking import StackingPlan
 from ._client import FdoClient
-from ._formats import SUFFIXES
-
-FIELDS = tuple(suffix[1:] for suffix in SUFFIXES)
-"""Key suffixes (after `<stack>_`), in the order they are written."""
+from ._errors import FdoStatsError
+from ._formats import FIELDS, as_rows, check_counts, split_key
+from ._validate import check_stacks, warn_missing
 
 _PREFIX = "fdo_stats"
 
@@ -34,28 +35,32 @@ Arrays = dict[str, np.ndarray]
 
 
 def _rows(stats: PreprocessStats) -> dict[str, Arrays]:
-    """One row per field and stack: the maximum over local devices, as int64."""
+    """One row per field and stack: the maximum over local devices, as int64.
 
-    def row(value: np.ndarray | int) -> np.ndarray:
-        a = np.asarray(value, dtype=np.int64)
-        return (a.reshape(1, 1) if a.ndim == 0 else a.reshape(-1, a.shape[-1]).max(0)[None])
+    Counts are checked (`check_counts`) so a file is never written with counts
+    that no reader accepts.
+    """
 
-    return {
-        "max_ids": {k: row(v) for k, v in stats.max_ids_per_partition.items()},
-        "max_unique_ids": {k: row(v) for k, v in stats.max_unique_ids_per_partition.items()},
-        "required_buffer_size": {k: row(v) for k, v in stats.required_buffer_size_per_sc.items()},
-        "id_drop_counters": {k: row(v) for k, v in stats.id_drop_counters.items()},
-    }
+    def row(value: np.ndarray | int, stack: str, field: str) -> np.ndarray:
+        a = check_counts(np.asarray(value), f"record: stack {stack!r} ({field})",
+                         "Record the statistics that preprocess returned.")
+        return as_rows(a).max(0, keepdims=True)
+
+    fields = (stats.max_ids_per_partition, stats.max_unique_ids_per_partition,
+              stats.required_buffer_size_per_sc, stats.id_drop_counters)
+    return {field: {k: row(v, k, field) for k, v in values.items()}
+            for field, values in zip(FIELDS, fields, strict=True)}
 
 
 def _split_key(key: str, path: Path) -> tuple[str, str]:
-    for field in sorted(FIELDS, key=len, reverse=True):
-        if key.endswith("_" + field) and len(key) > len(field) + 1:
-            return key[: -len(field) - 1], field
-    raise ValueError(
-        f"FDO file {path}: unexpected key {key!r}; every key must be <stack>_<field> with field "
-        f"one of {list(FIELDS)}. The file was not written by a tilecore FDO client."
-    )
+    """`(stack, field)` of a key `<stack>_<field>`, else an FdoStatsError naming the file."""
+    parts = split_key(key)
+    if parts is None:
+        raise FdoStatsError(
+            f"FDO file {path}: unexpected key {key!r}; every key must be <stack>_<field> with "
+            f"field one of {list(FIELDS)}. The file was not written by an FDO client."
+        )
+    return parts[0], parts[1][1:]
 
 
 def _by_stack(arrays: Mapping[str, np.ndarray], path: Path) -> dict[str, dict[str, np.ndarray]]:
@@ -65,17 +70,18 @@ def _by_stack(arrays: Mapping[str, np.ndarray], path: Path) -> dict[str, dict[st
         stack, field = _split_key(key, path)
         stacks.setdefault(stack, {})[field] = value
     if not stacks:
-        raise ValueError(f"FDO file {path} holds no statistics (empty or truncated).")
+        raise FdoStatsError(f"FDO file {path} holds no statistics (empty or truncated). "
+                            "Delete it and publish again.")
     for stack, fields in stacks.items():
         missing = [f for f in FIELDS if f not in fields]
         if missing:
-            raise ValueError(
+            raise FdoStatsError(
                 f"FDO file {path}: stack {stack!r} lacks {missing}; the file is truncated or "
                 "corrupt. Delete it and publish again."
             )
         steps = {f: int(a.shape[0]) for f, a in fields.items()}
         if len(set(steps.values())) != 1:
-            raise ValueError(
+            raise FdoStatsError(
                 f"FDO file {path}: stack {stack!r} has different numbers of steps per field "
                 f"({steps}); the file is truncated or corrupt. Delete it and publish again."
             )
@@ -90,6 +96,9 @@ class FileFdoClient(FdoClient):
       process_index: this process's index (`jax.process_index()` in a JAX job).
       retain_history: keep one row per recorded step (True), or only the running
         maximum (False, one row per stack and field).
+      plan: the stacking plan the statistics are for. With it, `load` checks every
+        file against the plan's stacks, topology and batch sizes (`load_for`);
+        only its stacks and topology matter, not its current limits.
 
     A step's row is the maximum over this process's local devices of each
     statistic, per partition (`max_ids`, `max_unique_ids`), per SparseCore
@@ -99,12 +108,13 @@ class FileFdoClient(FdoClient):
     extension: str = ""
 
     def __init__(self, base_dir: str | os.PathLike[str], *, process_index: int = 0,
-                 retain_history: bool = True) -> None:
+                 retain_history: bool = True, plan: StackingPlan | None = None) -> None:
         if isinstance(process_index, bool) or not isinstance(process_index, int) or process_index < 0:
             raise ValueError(f"process_index must be an integer >= 0, got {process_index!r}.")
         self.base_dir = Path(base_dir)
         self.process_index = process_index
         self.retain_history = retain_history
+        self.plan = plan
         self._history: dict[str, Arrays] = {field: {} for field in FIELDS}
         self._last_time_ns = 0
 
@@ -119,7 +129,7 @@ class FileFdoClient(FdoClient):
         rows = _rows(stats)
         known = self._history["max_ids"]
         if known and set(known) != set(rows["max_ids"]):
-            raise ValueError(
+            raise FdoStatsError(
                 f"record: statistics of stacks {sorted(rows['max_ids'])}, but this client "
                 f"recorded stacks {sorted(known)}; use one client per stacking plan."
             )
@@ -128,7 +138,7 @@ class FileFdoClient(FdoClient):
             for stack, row in per_stack.items():
                 old = history.get(stack)
                 if old is not None and old.shape[1] != row.shape[1]:
-                    raise ValueError(
+                    raise FdoStatsError(
                         f"record: stack {stack!r} field {field!r} has width {row.shape[1]}, "
                         f"recorded before with width {old.shape[1]} (a different topology)."
                     )
@@ -154,8 +164,22 @@ class FileFdoClient(FdoClient):
         """The maximum over the latest file of every process and over their steps.
 
         Arrays have a leading dimension of 1 (`[1, N]`, `[1, S]`): the maximum is
-        also taken over devices, which differ between processes.
+        also taken over devices, which differ between processes. With the client's
+        `plan`, every file is checked against it first (see `load_for`).
         """
+        return self._load(self.plan)
+
+    def load_for(self, plan: StackingPlan) -> PreprocessStats:
+        """`load`, every file checked against `plan` before its counts can become limits.
+
+        Raises `FdoStatsError` naming the file, stack, field and value for a stack
+        the plan lacks, widths of another topology, or counts no batch of the plan
+        can produce; warns (`FdoStatsWarning`) for each stack of the plan the files
+        lack, which keeps its limits in `update_preprocessing_parameters`.
+        """
+        return self._load(plan)
+
+    def _load(self, plan: StackingPlan | None) -> PreprocessStats:
         files = self.latest_files()
         if not files:
             raise FileNotFoundError(
@@ -163,31 +187,14 @@ class FileFdoClient(FdoClient):
                 f"{self.extension}); call record(stats) and publish() first."
             )
         merged: dict[str, dict[str, np.ndarray]] = {}
-        first = files[0]
         for path in files:
-            try:
-                arrays = self._read(path)
-            except Exception as e:
-                raise ValueError(f"FDO file {path} cannot be read (truncated or corrupt): {e} "
-                                 "Delete it and publish again.") from e
-            stacks = _by_stack(arrays, path)
-            if merged and set(stacks) != set(merged):
-                raise ValueError(
-                    f"FDO file {path} holds stacks {sorted(stacks)} but {first} holds "
-                    f"{sorted(merged)} (only in {path.name}: {sorted(set(stacks) - set(merged))}, "
-                    f"only in {first.name}: {sorted(set(merged) - set(stacks))}). The files come "
-                    "from different stacking plans; use a separate base_dir per plan."
-                )
-            for stack, fields in stacks.items():
-                for field, value in fields.items():
-                    top = value.max(0)
-                    old = merged.setdefault(stack, {}).get(field)
-                    if old is not None and old.shape != top.shape:
-                        raise ValueError(
-                            f"FDO file {path}: {stack}_{field} has {top.shape[0]} columns but "
-                            f"{first} has {old.shape[0]} (a different topology)."
-                        )
-                    merged[stack][field] = top if old is None else np.maximum(old, top)
+            stacks = self._read_stacks(path)
+            if plan is not None:
+                check_stacks(plan, stacks, f"FDO file {path}")
+            _merge_into(merged, stacks, path, files[0])
+        if plan is not None:
+            warn_missing(plan, merged, f"The FDO files {[p.name for p in files]} in "
+                                       f"{self.base_dir}")
         return PreprocessStats(
             max_ids_per_partition={s: f["max_ids"][None] for s, f in merged.items()},
             max_unique_ids_per_partition={s: f["max_unique_ids"][None] for s, f in merged.items()},
@@ -195,6 +202,43 @@ class FileFdoClient(FdoClient):
                 s: f["required_buffer_size"][None] for s, f in merged.items()},
             id_drop_counters={s: int(f["id_drop_counters"].max()) for s, f in merged.items()},
         )
+
+    def _read_stacks(self, path: Path) -> dict[str, dict[str, np.ndarray]]:
+        """A file's statistics by stack and field; an unreadable file is an FdoStatsError."""
+        try:
+            arrays = self._read(path)
+        except FdoStatsError:
+            raise
+        except Exception as e:  # e.g. OSError, zlib.error: name the file
+            raise FdoStatsError(f"FDO file {path} cannot be read (truncated or corrupt): {e!r}. "
+                                "Delete it and publish again.") from e
+        return _by_stack(arrays, path)
+
+
+def _merge_into(merged: dict[str, dict[str, np.ndarray]],
+                stacks: Mapping[str, Mapping[str, np.ndarray]], path: Path, first: Path) -> None:
+    """Fold one file's stacks into `merged` (per field, the max over steps and files).
+
+    Files of one job hold the same stacks with the same widths; others are an
+    FdoStatsError naming both files.
+    """
+    if merged and set(stacks) != set(merged):
+        raise FdoStatsError(
+            f"FDO file {path} holds stacks {sorted(stacks)} but {first} holds "
+            f"{sorted(merged)} (only in {path.name}: {sorted(set(stacks) - set(merged))}, "
+            f"only in {first.name}: {sorted(set(merged) - set(stacks))}). The files come "
+            "from different stacking plans; use a separate base_dir per plan."
+        )
+    for stack, fields in stacks.items():
+        for field, value in fields.items():
+            top = value.max(0)
+            old = merged.setdefault(stack, {}).get(field)
+            if old is not None and old.shape != top.shape:
+                raise FdoStatsError(
+                    f"FDO file {path}: {stack}_{field} has {top.shape[0]} columns but "
+                    f"{first} has {old.shape[0]} (a different topology)."
+                )
+            merged[stack][field] = top if old is None else np.maximum(old, top)
 
 
 def publish_file(base_dir: Path, process_index: int, extension: str, last_time_ns: int,
@@ -248,10 +292,9 @@ def check_table(arrays: Mapping[str, np.ndarray], path: Path) -> Arrays:
     out: Arrays = {}
     for key, value in arrays.items():
         if value.ndim > 2 or (value.ndim == 2 and value.shape[0] < 1):
-            raise ValueError(
+            raise FdoStatsError(
                 f"FDO file {path}: {key} has shape {value.shape}; expected one row per step. "
                 "The file is corrupt."
             )
-        out[key] = value.reshape(-1, value.shape[-1] if value.ndim else 1).astype(
-            np.int64, copy=False)
+        out[key] = as_rows(value).astype(np.int64, copy=False)
     return out

@@ -10,8 +10,10 @@ arrays: 0-d (one step's drop count), 1-d (one step) or 2-d (one row per step).
   row a 1-d array, a key with several rows a 2-d array.
 
 Readers check every header before allocating and every value, so a hostile file
-(truncated, non-integer, negative or absurd counts, ragged rows) is a ValueError
-naming the file, the stack and the value, never a crash or a huge allocation.
+(truncated, non-integer, negative or absurd counts, ragged rows) is an
+`FdoStatsError` (a ValueError) naming the file, the stack and the value, never a
+crash or a huge allocation. Whether the counts fit a plan is checked later
+(`_validate`), when the plan is known.
 """
 
 from __future__ import annotations
@@ -26,8 +28,13 @@ from typing import IO
 
 import numpy as np
 
+from ._errors import FdoStatsError
+
 SUFFIXES = ("_max_ids", "_max_unique_ids", "_required_buffer_size", "_id_drop_counters")
 """Key suffixes, in the order of the reference's `SparseDenseMatmulInputStats` fields."""
+
+FIELDS = tuple(suffix[1:] for suffix in SUFFIXES)
+"""Field names (the suffixes without their `_`): `max_ids`, `max_unique_ids`, …"""
 
 MAX_COUNT = 2**31 - 1
 """Counts are int32 on the device; a larger one is a corrupt file."""
@@ -56,21 +63,26 @@ def describe(key: str) -> str:
 
 
 def check_counts(array: np.ndarray, where: str, fix: str = _CORRUPT) -> np.ndarray:
-    """`array` as int64 if it holds 0-, 1- or 2-d counts in [0, MAX_COUNT], else a ValueError.
+    """`array` as int64 if it holds 0-, 1- or 2-d counts in [0, MAX_COUNT], else FdoStatsError.
 
     `where` names the file and key (or the table) in the message; `fix` ends it.
     """
     if not np.issubdtype(array.dtype, np.integer) or array.ndim > 2:
-        raise ValueError(f"{where} has dtype {array.dtype} and shape {array.shape}; expected "
-                         f"0-, 1- or 2-d integers. {fix}")
+        raise FdoStatsError(f"{where} has dtype {array.dtype} and shape {array.shape}; expected "
+                            f"0-, 1- or 2-d integers. {fix}")
     if array.ndim and array.shape[-1] == 0:
-        raise ValueError(f"{where} has shape {array.shape}: no values. {fix}")
+        raise FdoStatsError(f"{where} has shape {array.shape}: no values. {fix}")
     if array.size:
         low, high = int(array.min()), int(array.max())
         if low < 0 or high > MAX_COUNT:
             bad = low if low < 0 else high
-            raise ValueError(f"{where} holds the count {bad}, outside [0, {MAX_COUNT}]. {fix}")
+            raise FdoStatsError(f"{where} holds the count {bad}, outside [0, {MAX_COUNT}]. {fix}")
     return array.astype(np.int64, copy=False)
+
+
+def as_rows(array: np.ndarray) -> np.ndarray:
+    """Checked counts as `[steps, width]`: a 0-d array is `[1, 1]`, a 1-d one `[1, width]`."""
+    return array.reshape(-1, array.shape[-1] if array.ndim else 1)
 
 
 def write_npz(file: IO[bytes], arrays: Mapping[str, np.ndarray]) -> None:
@@ -83,21 +95,22 @@ def read_npz(path: Path) -> dict[str, np.ndarray]:
     try:
         archive = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, EOFError, ValueError) as e:
-        raise ValueError(f"FDO file {path} is not an .npz archive (truncated or corrupt): {e}. "
-                         "Delete it and publish again.") from None
+        raise FdoStatsError(f"FDO file {path} is not an .npz archive (truncated or corrupt): {e}. "
+                            "Delete it and publish again.") from None
     out: dict[str, np.ndarray] = {}
     with archive:
         for info in archive.infolist():
             key = info.filename.removesuffix(".npy")
             if key == info.filename or key in out:
-                raise ValueError(f"FDO file {path}: unexpected member {info.filename!r} (not a "
-                                 "unique <key>.npy). The file is corrupt.")
+                raise FdoStatsError(f"FDO file {path}: unexpected member {info.filename!r} (not a "
+                                    "unique <key>.npy). The file is corrupt.")
             try:
                 with archive.open(info) as member:
                     array = _read_npy(member, key, path)
             except (zipfile.BadZipFile, EOFError, OSError) as e:
-                raise ValueError(f"FDO file {path}: {describe(key)} cannot be read (truncated or "
-                                 f"corrupt): {e}. Delete it and publish again.") from None
+                raise FdoStatsError(f"FDO file {path}: {describe(key)} cannot be read "
+                                    f"(truncated or corrupt): {e}. Delete it and publish "
+                                    "again.") from None
             out[key] = check_counts(array, f"FDO file {path}: {describe(key)}")
     return out
 
@@ -113,16 +126,16 @@ def _read_npy(member: IO[bytes], key: str, path: Path) -> np.ndarray:
         else:
             raise ValueError(f"unsupported .npy version {version}")
     except ValueError as e:
-        raise ValueError(f"{where} has a bad .npy header ({e}). The file is corrupt.") from None
+        raise FdoStatsError(f"{where} has a bad .npy header ({e}). The file is corrupt.") from None
     count = int(np.prod(shape, dtype=np.int64)) if shape else 1
     if dtype.kind not in "iu" or len(shape) > 2 or count > MAX_ELEMENTS:
-        raise ValueError(f"{where} declares dtype {dtype} and shape {shape}; expected at most "
-                         f"{MAX_ELEMENTS} integers in 0-2 dimensions. The file is corrupt.")
+        raise FdoStatsError(f"{where} declares dtype {dtype} and shape {shape}; expected at most "
+                            f"{MAX_ELEMENTS} integers in 0-2 dimensions. The file is corrupt.")
     data = member.read(count * dtype.itemsize + 1)  # one byte more reveals trailing junk
     if len(data) != count * dtype.itemsize:
-        raise ValueError(f"{where} holds {len(data)} bytes of data, its header declares shape "
-                         f"{shape} of {dtype} ({count * dtype.itemsize} bytes). The file is "
-                         "truncated or corrupt: delete it and publish again.")
+        raise FdoStatsError(f"{where} holds {len(data)} bytes of data, its header declares shape "
+                            f"{shape} of {dtype} ({count * dtype.itemsize} bytes). The file is "
+                            "truncated or corrupt: delete it and publish again.")
     return np.frombuffer(data, dtype).reshape(shape, order="F" if fortran else "C")
 
 
@@ -141,18 +154,19 @@ def write_csv(file: IO[bytes], arrays: Mapping[str, np.ndarray]) -> None:
 def read_csv(path: Path) -> dict[str, np.ndarray]:
     """The arrays of a `.csv` FDO file: a key's single row 1-d, several rows 2-d."""
     if (size := path.stat().st_size) > _MAX_CSV_BYTES:
-        raise ValueError(f"FDO file {path} has {size} bytes, more than the {_MAX_CSV_BYTES} "
-                         f"that {MAX_ELEMENTS} counts per key can take: it is not FDO statistics.")
+        raise FdoStatsError(f"FDO file {path} has {size} bytes, more than the {_MAX_CSV_BYTES} "
+                            f"that {MAX_ELEMENTS} counts per key can take: it is not FDO "
+                            "statistics.")
     try:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(f"FDO file {path} is not UTF-8 text ({e}): it is corrupt.") from None
+        raise FdoStatsError(f"FDO file {path} is not UTF-8 text ({e}): it is corrupt.") from None
     if not text.endswith("\n"):
-        raise ValueError(f"FDO file {path} does not end with a line end: it is truncated. "
-                         "Delete it and publish again.")
+        raise FdoStatsError(f"FDO file {path} does not end with a line end: it is truncated. "
+                            "Delete it and publish again.")
     lines = [line.removesuffix("\r") for line in text[:-1].split("\n")]
     if lines[0] != ",".join(_HEADER):
-        raise ValueError(f"FDO file {path}: header {lines[0][:80]!r}, expected 'key,values'.")
+        raise FdoStatsError(f"FDO file {path}: header {lines[0][:80]!r}, expected 'key,values'.")
     rows: dict[str, list[np.ndarray]] = {}
     for number, line in enumerate(lines[1:], start=2):
         if not line:
@@ -160,20 +174,21 @@ def read_csv(path: Path) -> dict[str, np.ndarray]:
         key, values = _split_row(line, number, path)
         where = f"FDO file {path}, line {number}: {describe(key)}"
         if not _VALUES.fullmatch(values):
-            raise ValueError(f"{where} has values {values[:80]!r}; expected integers "
-                             "separated by spaces. The file is corrupt.")
+            raise FdoStatsError(f"{where} has values {values[:80]!r}; expected integers "
+                                "separated by spaces. The file is corrupt.")
         tokens = values.split()
         previous = rows.setdefault(key, [])
         width = len(tokens)
         if previous and width != previous[0].size:
-            raise ValueError(f"{where} has {width} values, its earlier rows "
-                             f"{previous[0].size}. The file is truncated or corrupt.")
+            raise FdoStatsError(f"{where} has {width} values, its earlier rows "
+                                f"{previous[0].size}. The file is truncated or corrupt.")
         if width * (len(previous) + 1) > MAX_ELEMENTS:
-            raise ValueError(f"{where}: more than {MAX_ELEMENTS} values. The file is corrupt.")
+            raise FdoStatsError(f"{where}: more than {MAX_ELEMENTS} values. The file is corrupt.")
         try:
             previous.append(np.array(tokens, dtype=np.int64))
         except (OverflowError, ValueError):
-            raise ValueError(f"{where} holds a count beyond int64. The file is corrupt.") from None
+            raise FdoStatsError(
+                f"{where} holds a count beyond int64. The file is corrupt.") from None
     return {key: check_counts(r[0] if len(r) == 1 else np.vstack(r),
                               f"FDO file {path}: {describe(key)}") for key, r in rows.items()}
 
@@ -183,6 +198,6 @@ def _split_row(line: str, number: int, path: Path) -> tuple[str, str]:
     head, comma, values = line.rpartition(",")
     fields = next(csv.reader([head]), []) if comma else []
     if len(fields) != 1 or not fields[0]:
-        raise ValueError(f"FDO file {path}, line {number}: expected '<key>,<values>', "
-                         f"got {line[:80]!r}. The file is corrupt.")
+        raise FdoStatsError(f"FDO file {path}, line {number}: expected '<key>,<values>', "
+                            f"got {line[:80]!r}. The file is corrupt.")
     return fields[0], values

@@ -14,12 +14,15 @@ class NpzFdoClient(FileFdoClient):
 
     Usage (every process)::
 
-        client = NpzFdoClient(base_dir, process_index=jax.process_index())
+        client = NpzFdoClient(base_dir, process_index=jax.process_index(), plan=plan)
         _, stats = tilecore.preprocess(plan, inputs)
         client.record(stats)            # every step
         client.publish()                # every few hundred steps
         sync_global_devices("fdo")      # a barrier
         plan = tilecore.update_preprocessing_parameters(plan, client.load())
+
+    With `plan`, `load` checks every file against it (`load_for`) before its
+    counts can become limits.
     """
 
     extension = "npz"

@@ -134,8 +134,9 @@ def tune_limits(
     With a `client`, every batch's statistics are recorded into it, and each round
     publishes them, calls `barrier` (e.g. `jax.experimental.multihost_utils.
     sync_global_devices`, required with several processes) and updates from
-    `client.load()`, the maximum over every process — so all processes agree.
-    Use an empty `base_dir`: files already there take part in the maximum.
+    `client.load_for(plan)`, the maximum over every process — so all processes
+    agree. Use an empty `base_dir`: files already there take part in the maximum,
+    and one of another plan or topology, or corrupt, is an `FdoStatsError`.
 
     Returns the tuned plan (with `plan`'s own config) and a `TuneReport`.
     """
@@ -156,7 +157,7 @@ def tune_limits(
             client.publish()
             if barrier is not None:
                 barrier()
-            stats = client.load()
+            stats = client.load_for(work)
         work = _with_headroom(update_preprocessing_parameters(work, stats), headroom)
         if dropped == 0:
             break
