@@ -50,8 +50,10 @@ def test_stack_limit_callbacks_returning_nonsense(returned: Any, match: str) -> 
 
 
 def test_stack_limit_callbacks_may_return_numpy_integers() -> None:
-    plan = stacking.stack_tables(features(), TOPOLOGY, [["t0", "t1"]],
-                                 stack_limits=lambda name, samples: (np.int64(24), np.int32(16)))
+    def limits(name: str, samples: int) -> Any:
+        return np.int64(24), np.int32(16)
+
+    plan = stacking.stack_tables(features(), TOPOLOGY, [["t0", "t1"]], stack_limits=limits)
     stack = plan.stacks["t0_t1"]
     assert (stack.max_ids_per_partition, stack.max_unique_ids_per_partition) == (24, 16)
     assert type(stack.max_ids_per_partition) is int

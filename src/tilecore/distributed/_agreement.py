@@ -74,7 +74,7 @@ class DistributedAgreement:
             self._exchange = Exchange(store, namespace, process_id, process_count, timeout_s,
                                       f"DistributedAgreement {name!r}")
             if plan is not None:
-                self._check_plans(plan)
+                self.check_items(plan_items(plan), "plans")
         if plan is not None and plan.topology.num_processes != process_count:
             raise ValueError(
                 f"DistributedAgreement: the plan's topology {plan.topology} has "
@@ -126,15 +126,16 @@ class DistributedAgreement:
                 "order with the same batch_number.")
         return [x["value"] for x in payloads]
 
-    def _check_plans(self, plan: StackingPlan) -> None:
-        items = plan_items(plan)
-        digests = self.all_gather(-1, "plan", {k: digest(v) for k, v in items.items()})
+    def check_items(self, items: dict[str, Any], what: str) -> None:
+        """Raise `ValueError` on every process unless all hold equal `items` (label →
+        canonical value), naming the processes and leaves that differ."""
+        digests = self.all_gather(-1, what, {k: digest(v) for k, v in items.items()})
         labels = sorted({k for d in digests for k in d})
         differing = [k for k in labels if len({d.get(k) for d in digests}) > 1]
         if not differing:
             return
         # Everyone saw the same digests, so everyone takes this second, detailed round.
-        details = self.all_gather(-1, "plan details", {k: items.get(k) for k in differing})
+        details = self.all_gather(-1, f"{what} (details)", {k: items.get(k) for k in differing})
         lines = []
         for p, theirs in enumerate(details[1:], start=1):
             for label in differing:
@@ -142,6 +143,6 @@ class DistributedAgreement:
                     lines.append(f"  process {p} vs process 0, {label}: {diff}")
         shown = "\n".join(lines[:20]) + ("\n  ..." if len(lines) > 20 else "")
         raise ValueError(
-            f"DistributedAgreement {self._name!r}: processes hold different plans "
+            f"DistributedAgreement {self._name!r}: processes hold different {what} "
             f"(differing: {', '.join(differing)}). Build the plan from the same specs, "
-            f"topology and config on every process:\n{shown}")
+            f"topology, config and hyperparameters on every process:\n{shown}")

@@ -37,6 +37,12 @@ def check_call(plan: StackingPlan, batch: PreprocessedBatch, mesh: Mesh | None, 
                 f"{what}: the mesh splits {axis!r} over {mesh.shape[axis]} devices but the "
                 f"plan was built for {devices}; build the plan for this mesh "
                 f"(Topology(global_devices={mesh.shape[axis]}, ...)) or use its mesh.")
+    if jax.process_count() > 1:
+        # Processes with different plans would pair collectives of different sizes (gloo
+        # aborts without a Python error): they agree first, once per plan, and fail together.
+        from ..distributed._together import ensure_agreed
+
+        ensure_agreed(plan)
     missing = sorted(set(plan.stacks) - set(batch.stacks))
     extra = sorted(set(batch.stacks) - set(plan.stacks))
     if missing or extra:
@@ -121,9 +127,10 @@ def stack_names(mapping: Mapping[str, Any], plan: StackingPlan, what: str) -> No
 def check_step(step: Any) -> None:
     """A concrete step is a 0-based int32 count (a negative one makes Adam's bias
     correction divide by zero; past 2**31 it would wrap). Traced steps pass."""
-    if isinstance(step, jax.core.Tracer):
-        return
-    value = np.asarray(step)
+    try:
+        value = np.asarray(step)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        return  # traced: its value is only known on the device
     if value.shape != () or not np.issubdtype(value.dtype, np.integer):
         raise ValueError(f"step must be an integer scalar (the 0-based global step), got "
                          f"{step!r}.")
