@@ -112,3 +112,14 @@ def test_coo_buffers_past_int32_offsets_are_refused() -> None:
         tc.preprocessing.coo_buffer_size_per_device(
             dataclasses.replace(stack, max_ids_per_partition=2**22), TOPOLOGY,
             enable_minibatching=True)
+
+
+def test_a_local_agreement_in_a_multi_process_plan_is_refused() -> None:
+    """Each process would split its rows alone: different minibatch counts, collectives
+    that wait for each other forever."""
+    topology = tc.Topology(global_devices=2, sc_per_device=4, local_devices=1)
+    plan = tc.plan_stacking(features(), topology, tc.SparseCoreConfig(enable_minibatching=True))
+    rows = {name: np.zeros((32, 4), np.int32) for name in plan.features}
+    with pytest.raises(ValueError, match=r"spans 2 process\(es\) but the agreement "
+                                         r"\(LocalAgreement\) speaks for 1"):
+        tc.preprocess(plan, rows, agreement=tc.preprocessing.LocalAgreement())

@@ -370,6 +370,15 @@ def _resolve_agreement(plan: StackingPlan, agreement: Agreement | None) -> Agree
             f"agreement must implement tilecore.preprocessing.Agreement (process_count and "
             f"all_reduce_or), got {type(agreement).__name__}."
         )
+    processes = topo.global_devices // topo.num_local_devices
+    if agreement.process_count < processes:
+        # Processes that split their rows alone pick different minibatch counts: their
+        # collectives would then wait for each other forever.
+        raise ValueError(
+            f"The plan's topology {topo} spans {processes} process(es) but the agreement "
+            f"({type(agreement).__name__}) speaks for {agreement.process_count}: every process "
+            "must agree on the minibatch split. Pass a tilecore.distributed."
+            "DistributedAgreement built on every process of the job.")
     return agreement
 
 
