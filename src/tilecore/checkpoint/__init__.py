@@ -6,6 +6,10 @@ atomic step; `restore` reads them back for any plan, converting the layout when
 the number of devices, SparseCores per device or the stacking changed.
 `unshard_variables` / `shard_variables` do that conversion in memory;
 `export_tables` gives plain per-table arrays for serving.
+
+Every checkpoint records a checksum of each array; reads compare them, so damaged
+files raise `CheckpointCorruptError` (naming the step and array) instead of
+restoring other values, and `verify` checks a checkpoint without restoring it.
 """
 
 from ._convert import TableState as TableState
@@ -20,6 +24,7 @@ from ._export import read_metadata as read_metadata
 from ._save_restore import Checkpoint as Checkpoint
 from ._save_restore import restore as restore
 from ._save_restore import save as save
+from ._save_restore import verify as verify
 from ._store import available_steps as available_steps
 
 __all__ = [
@@ -36,4 +41,5 @@ __all__ = [
     "save",
     "shard_variables",
     "unshard_variables",
+    "verify",
 ]

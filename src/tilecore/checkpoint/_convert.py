@@ -41,10 +41,18 @@ class TableState(NamedTuple):
 
 
 def stack_plan(plan: StackingPlan, stack: str) -> StackingPlan:
-    """`plan` restricted to one stack, so its arrays convert without the others'."""
-    names = plan.stacks[stack].table_names
-    return dataclasses.replace(plan, tables={t: plan.tables[t] for t in names},
-                               stacks={stack: plan.stacks[stack]})
+    """`plan` restricted to one stack, so its arrays convert without the others'.
+
+    The stack's tables and features (with their settings) stay; the others go, so
+    the sub-plan is itself a consistent plan (every feature in a stack).
+    """
+    spec = plan.stacks[stack]
+    names, features = spec.table_names, set(spec.feature_names)
+    return dataclasses.replace(
+        plan, tables={t: plan.tables[t] for t in names}, stacks={stack: spec},
+        table_settings={t: plan.table_settings[t] for t in names},
+        features={f: v for f, v in plan.features.items() if f in features},
+        feature_settings={f: v for f, v in plan.feature_settings.items() if f in features})
 
 
 def check_variables(plan: StackingPlan, variables: Mapping[str, EmbeddingVariables]) -> None:
@@ -92,7 +100,8 @@ def unshard_variables(
     return out
 
 
-def _place(array: np.ndarray, sharding: NamedSharding | None) -> jax.Array:
+def place(array: np.ndarray, sharding: NamedSharding | None) -> jax.Array:
+    """`array` on `sharding` (None: the default device)."""
     return jnp.asarray(array) if sharding is None else jax.device_put(array, sharding)
 
 
@@ -141,9 +150,9 @@ def shard_variables(
                 )
         table = shard(sub, {t: tables[t].table for t in spec.table_names}, fill=TABLE_FILL)[name]
         slots = tuple(
-            _place(shard(sub, {t: tables[t].slots[i] for t in spec.table_names}, fill=value)[name],
+            place(shard(sub, {t: tables[t].slots[i] for t in spec.table_names}, fill=value)[name],
                    sharding)
             for i, value in enumerate(initial)
         )
-        out[name] = EmbeddingVariables(_place(table, sharding), slots)
+        out[name] = EmbeddingVariables(place(table, sharding), slots)
     return out

@@ -2,7 +2,8 @@
 
 Written next to the arrays so a checkpoint says what it holds without the code
 that wrote it: every table (sizes, combiner, limits, optimizer with its
-hyperparameters), every feature, the topology and the full stacking plan.
+hyperparameters), every feature, the topology and the full stacking plan, and
+the checksum of every saved array (`_checksums`), compared when it is read.
 
 Callables cannot be stored: a learning-rate schedule, a `CustomOptimizer`'s
 `update_fn` and table initializers are recorded by qualified name only (and
@@ -17,6 +18,7 @@ from typing import Any
 
 from ..specs import OptimizerSpec, SparseCoreConfig, TableSpec, Topology
 from ..stacking import StackingPlan, StackSpec, TableSetting
+from ._checksums import Expected, expectations
 
 FORMAT = "tilecore-checkpoint"
 VERSION = 1
@@ -121,12 +123,20 @@ class SavedLayout:
       stack_order: stack names in the order of the saved arrays.
       slot_names: stack → its slot names, in the saved order.
       optimizers: table → (optimizer type, slot names) as saved.
+      embeddings: leaf key (`0/table`, `0/slots/1`) → what that saved array must be
+        (its name for messages, shape and, if recorded, checksum).
+      extra: leaf key → the recorded checksum of each `extra` leaf.
+      checksummed: whether the checkpoint records checksums (False: written before
+        they existed; its arrays are checked for shape only).
     """
 
     plan: StackingPlan
     stack_order: tuple[str, ...]
     slot_names: Mapping[str, tuple[str, ...]]
     optimizers: Mapping[str, tuple[str, tuple[str, ...]]]
+    embeddings: Mapping[str, Expected] = dataclasses.field(default_factory=dict)
+    extra: Mapping[str, Expected] = dataclasses.field(default_factory=dict)
+    checksummed: bool = False
 
 
 def parse(raw: object) -> SavedLayout:
@@ -170,5 +180,10 @@ def parse(raw: object) -> SavedLayout:
                              f"{setting.stack_name!r}")
     plan = StackingPlan(topology=topology, config=SparseCoreConfig(), features={}, tables=tables,
                         stacks=stacks, table_settings=settings, feature_settings={})
+    embeddings, extra = expectations(
+        raw.get("checksums"),
+        {n: (s.vocab_size, s.embedding_dim, s.table_names) for n, s in stacks.items()},
+        slot_names)
     return SavedLayout(plan=plan, stack_order=tuple(stacks), slot_names=slot_names,
-                       optimizers=optimizers)
+                       optimizers=optimizers, embeddings=embeddings, extra=extra,
+                       checksummed=raw.get("checksums") is not None)

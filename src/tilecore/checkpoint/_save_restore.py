@@ -1,12 +1,17 @@
-"""`save` and `restore`: a training job's embeddings (and anything else) in one call."""
+"""`save` and `restore`: a training job's embeddings (and anything else) in one call.
+
+`save` records a checksum of every array in the metadata (`_checksums`); `restore`,
+`export_tables` and `verify` read the arrays one at a time and compare each with
+it, so a damaged file is an error naming the array, never different values.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from jax.sharding import Mesh
@@ -14,10 +19,12 @@ from jax.sharding import Mesh
 from .. import __version__
 from ..ops import DEFAULT_AXIS, EmbeddingVariables, unshard
 from ..stacking import StackingPlan
+from ._checksums import embedding_checksums, extra_checksums, saved_checksums, seal
 from ._compare import same_layout, table_mismatches
 from ._convert import (
     TableState,
     check_variables,
+    place,
     shard_variables,
     stack_plan,
     table_sharding,
@@ -29,13 +36,13 @@ from ._store import (
     EXTRA,
     METADATA,
     PathLike,
-    host_restore_args,
     manager,
     pick_step,
     read_item,
     read_layout,
-    restore_args,
 )
+
+log = logging.getLogger(__name__)
 
 
 class Checkpoint(NamedTuple):
@@ -55,6 +62,16 @@ class Checkpoint(NamedTuple):
 def _embeddings_tree(order: tuple[str, ...], variables: Mapping[str, EmbeddingVariables]
                      ) -> list[dict[str, Any]]:
     return [{"table": variables[s].table, "slots": list(variables[s].slots)} for s in order]
+
+
+def _checksums(plan: StackingPlan, variables: Mapping[str, EmbeddingVariables], extra: Any
+               ) -> dict[str, Any]:
+    """The metadata's record of every array's checksum, taken on the host-gathered
+    arrays (one at a time), so it holds for any topology that reads them."""
+    order = tuple(plan.stacks)
+    slots = {s: plan.stacks[s].optimizer.slot_names for s in order}
+    return saved_checksums(embedding_checksums(order, slots, variables),
+                           None if extra is None else extra_checksums(extra))
 
 
 def save(
@@ -81,15 +98,18 @@ def save(
     Returns:
       The step's directory. The save is synchronous and atomic: Orbax writes into a
       temporary directory and renames it once complete, so an interrupted save
-      leaves earlier steps intact and is never mistaken for a checkpoint.
+      leaves earlier steps intact and is never mistaken for a checkpoint. The
+      metadata records a CRC-32 of every array (and `extra` leaf), compared when
+      the checkpoint is read.
     """
     if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
         raise ValueError(f"save: step must be an integer >= 0, got step={step!r}.")
     check_variables(plan, variables)
     items: dict[str, ocp.args.CheckpointArgs] = {
         EMBEDDINGS: ocp.args.PyTreeSave(_embeddings_tree(tuple(plan.stacks), variables)),
-        METADATA: ocp.args.JsonSave({**plan_json(plan, int(step), __version__),
-                                     "has_extra": extra is not None}),
+        METADATA: ocp.args.JsonSave(seal({**plan_json(plan, int(step), __version__),
+                                          "has_extra": extra is not None,
+                                          "checksums": _checksums(plan, variables, extra)})),
     }
     if extra is not None:
         items[EXTRA] = ocp.args.PyTreeSave(extra)
@@ -103,32 +123,58 @@ def save(
     return Path(directory).absolute() / str(int(step))
 
 
+def _note_unchecked(directory: PathLike, step: int, saved: SavedLayout) -> None:
+    if not saved.checksummed:
+        log.debug("Checkpoint %r step %d records no checksums (written before tilecore "
+                  "recorded them): its arrays are checked for shape only.", str(directory), step)
+
+
+def _read_stacked(directory: PathLike, step: int, saved: SavedLayout,
+                  then: Callable[[Any], Any] | None = None) -> dict[str, EmbeddingVariables]:
+    """Every saved stack's table and slots, read one array at a time and checked
+    against its shape and checksum; `then` maps each host array (default: kept)."""
+    _note_unchecked(directory, step, saved)
+    arrays = read_item(directory, step, EMBEDDINGS, saved.embeddings, exact=True, then=then)
+    return {s: EmbeddingVariables(a["table"], tuple(a["slots"]))
+            for s, a in zip(saved.stack_order, arrays, strict=True)}
+
+
 def read_tables(directory: PathLike, step: int, saved: SavedLayout) -> dict[str, TableState]:
     """Every saved table with its slots as host `[vocab, dim]` arrays (any topology)."""
-    arrays = read_item(directory, step, EMBEDDINGS, None,
-                       host_restore_args(directory, step, EMBEDDINGS))
     out: dict[str, TableState] = {}
-    for stack, item in zip(saved.stack_order, arrays, strict=True):
+    for stack, var in _read_stacked(directory, step, saved).items():
         sub = stack_plan(saved.plan, stack)
-        tables = unshard(sub, {stack: item["table"]})
-        slots = [unshard(sub, {stack: s}) for s in item["slots"]]
+        tables = unshard(sub, {stack: var.table})
+        slots = [unshard(sub, {stack: s}) for s in var.slots]
         out.update({t: TableState(tables[t], tuple(s[t] for s in slots)) for t in tables})
     return out
 
 
-def _read_in_place(directory: PathLike, step: int, saved: SavedLayout, plan: StackingPlan,
-                   sharding: jax.sharding.Sharding | None) -> dict[str, EmbeddingVariables]:
-    """The saved stacked arrays read straight onto `sharding` (same layout as `plan`)."""
-    def shape(stack: str) -> jax.ShapeDtypeStruct:
-        spec = plan.stacks[stack]
-        return jax.ShapeDtypeStruct((spec.vocab_size, spec.embedding_dim), np.float32,
-                                    sharding=sharding)
+def verify(directory: PathLike, *, step: int | None = None) -> int:
+    """Read every array of a checkpoint and compare it with the checksum saved with it.
 
-    target = [{"table": shape(s), "slots": [shape(s)] * len(saved.slot_names[s])}
-              for s in saved.stack_order]
-    arrays = read_item(directory, step, EMBEDDINGS, target, restore_args(target))
-    return {s: EmbeddingVariables(a["table"], tuple(a["slots"]))
-            for s, a in zip(saved.stack_order, arrays, strict=True)}
+    Arrays are read to the host one at a time and dropped once checked: nothing
+    goes to a device. A checkpoint written before checksums existed is checked for
+    readable files and array shapes only.
+
+    Args:
+      directory: the checkpoint root given to `save`.
+      step: the step to check; None checks the latest.
+
+    Returns:
+      The step checked.
+
+    Raises:
+      CheckpointNotFoundError: no checkpoint (or not `step`) in `directory`.
+      CheckpointCorruptError: its metadata or an array cannot be read, or an array
+        differs from what was saved; names the step's directory and the array.
+    """
+    step = pick_step(directory, step)
+    raw, saved = read_layout(directory, step)
+    _read_stacked(directory, step, saved, then=lambda _: None)
+    if raw.get("has_extra"):
+        read_item(directory, step, EXTRA, saved.extra, then=lambda _: None)
+    return step
 
 
 def restore(
@@ -143,9 +189,10 @@ def restore(
     """Read a checkpoint into variables laid out for `plan`, on any topology.
 
     The saved tables must match `plan`'s (names, vocab sizes, dims, optimizer
-    types); hyperparameters may differ. When `plan` stacks and shards the tables
-    exactly as the saved plan did, the arrays are read straight onto the devices
-    (another device count included). Otherwise (other devices × SparseCores, other
+    types); hyperparameters may differ. Every array is read to the host, one at a
+    time, and compared with the checksum `save` recorded. When `plan` stacks and
+    shards the tables exactly as the saved plan did, each goes straight onto the
+    devices (another device count included). Otherwise (other devices × SparseCores, other
     stacking) every table and slot is unsharded to `[vocab, dim]` on the host and
     resharded for `plan`: real rows are carried bit for bit, padding gets 0.0
     (tables) or the optimizer's initial slot value.
@@ -163,7 +210,9 @@ def restore(
 
     Raises:
       CheckpointNotFoundError: no checkpoint (or not `step`) in `directory`.
-      CheckpointCorruptError: the metadata or arrays cannot be read.
+      CheckpointCorruptError: the metadata or an array cannot be read, or an array
+        differs from what was saved (its checksum); names the step's directory and
+        the array (stack and table or slot, or the `extra` leaf).
       CheckpointMismatchError: the tables differ; lists every difference.
     """
     step = pick_step(directory, step)
@@ -173,14 +222,12 @@ def restore(
         raise CheckpointMismatchError(Path(directory), step, mismatches)
     sharding = table_sharding(plan, mesh, axis)
     if same_layout(saved, plan):
-        variables = _read_in_place(directory, step, saved, plan, sharding)
-        variables = {s: variables[s] for s in plan.stacks}
+        stacked = _read_stacked(directory, step, saved, then=lambda a: place(a, sharding))
+        variables = {s: stacked[s] for s in plan.stacks}
     else:
         variables = shard_variables(plan, read_tables(directory, step, saved), mesh=mesh,
                                     axis=axis)
     restored_extra = None
     if raw.get("has_extra"):
-        args = (host_restore_args(directory, step, EXTRA) if extra is None
-                else restore_args(extra))
-        restored_extra = read_item(directory, step, EXTRA, extra, args)
+        restored_extra = read_item(directory, step, EXTRA, saved.extra, target=extra)
     return Checkpoint(step, variables, restored_extra)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.sharding import Sharding, SingleDeviceSharding
 
+from ._checksums import Expected, leaf_key, problem, seal_problem
 from ._errors import CheckpointCorruptError, CheckpointNotFoundError
 from ._metadata import SavedLayout, parse
 
@@ -69,30 +70,61 @@ def pick_step(directory: PathLike, step: int | None) -> int:
     return step
 
 
+def step_dir(directory: PathLike, step: int) -> Path:
+    """The directory Orbax writes step `step` to."""
+    return Path(directory).absolute() / str(step)
+
+
+def _brief(error: BaseException) -> str:
+    """`error` in one line, with its root cause (TensorStore's own words) if different."""
+    def line(e: BaseException) -> str:
+        text = str(e).strip().splitlines()
+        return f"{type(e).__name__}: {text[0][:300] if text else ''}"
+
+    root = error
+    while root.__cause__ is not None:
+        root = root.__cause__
+    return line(error) if root is error else f"{line(error)}; caused by {line(root)}"
+
+
 def read_raw_metadata(directory: PathLike, step: int) -> Any:
     """The JSON record of `step`, as written."""
+    where = step_dir(directory, step) / METADATA / "metadata"
     try:
         with manager(directory, create=False) as mgr:
             return mgr.restore(step, args=ocp.args.Composite(
                 **{METADATA: ocp.args.JsonRestore()}))[METADATA]
     except Exception as error:  # Orbax raises many types for an unreadable file.
-        raise corrupt(directory, step, f"its metadata cannot be read ({error!r})") from error
+        raise corrupt(directory, step, f"its metadata file {str(where)!r} cannot be read "
+                                       f"({_brief(error)})") from error
 
 
 def read_layout(directory: PathLike, step: int) -> tuple[Any, SavedLayout]:
     """The JSON record of `step` and the layout parsed from it."""
     raw = read_raw_metadata(directory, step)
     try:
-        return raw, parse(raw)
+        layout = parse(raw)
+        why = seal_problem(raw)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
         raise corrupt(directory, step, f"its metadata is malformed ({error!r})") from error
+    if why is not None:
+        where = step_dir(directory, step) / METADATA / "metadata"
+        raise corrupt(directory, step, f"its metadata file {str(where)!r} is malformed: {why}")
+    return raw, layout
 
 
 def corrupt(directory: PathLike, step: int, why: str) -> CheckpointCorruptError:
+    """The error for a damaged step: which one, why, and what to do instead."""
+    where = str(step_dir(directory, step))
+    try:
+        steps: object = list(available_steps(directory))
+    except Exception:  # listing failed too: the message still names the step
+        steps = "unknown"
     return CheckpointCorruptError(
-        f"Checkpoint {str(directory)!r} step {step} is damaged: {why}. It was not written by "
-        "tilecore.checkpoint.save or was altered; restore another step "
-        f"(saved steps: {list(available_steps(directory))})."
+        f"Checkpoint {str(directory)!r} step {step} is damaged: {why}. The files under "
+        f"{where!r} were altered after saving (a disk error, an interrupted copy, an edit) "
+        "or not written by tilecore.checkpoint.save. Restore another step "
+        f"(saved steps: {steps}), or move {where!r} away and save again."
     )
 
 
@@ -117,10 +149,9 @@ def restore_args(target: Any) -> Any:
     return jax.tree.map(one, target)
 
 
-def host_restore_args(directory: PathLike, step: int, item: str) -> Any:
-    """Restore arguments reading every array of `item` as numpy, whatever the topology."""
-    with manager(directory, create=False) as mgr:
-        tree = mgr.item_metadata(step)[item].tree
+def _host_args(tree: Any) -> Any:
+    """Restore arguments reading every array of a saved metadata `tree` as numpy,
+    whatever topology wrote it; scalars come back as saved."""
     def one(leaf: Any) -> ocp.RestoreArgs:
         is_array = getattr(leaf, "shape", ()) != () or type(leaf).__name__ == "ArrayMetadata"
         return ocp.RestoreArgs(restore_type=np.ndarray) if is_array else ocp.RestoreArgs()
@@ -128,12 +159,80 @@ def host_restore_args(directory: PathLike, step: int, item: str) -> Any:
     return jax.tree.map(one, tree)
 
 
-def read_item(directory: PathLike, step: int, item: str, target: Any, args: Any) -> Any:
-    """`item` of `step`, as `target` (None: as saved) with Orbax `args`."""
-    try:
-        with manager(directory, create=False) as mgr:
-            return mgr.restore(step, args=ocp.args.Composite(
-                **{item: ocp.args.PyTreeRestore(target, restore_args=args)}))[item]
-    except (FileNotFoundError, KeyError, ValueError) as error:
-        raise corrupt(directory, step, f"its {item!r} arrays cannot be read ({error!r})"
-                      ) from error
+def _read_leaf(mgr: ocp.CheckpointManager, step: int, item: str, leaves: list[Any],
+               treedef: Any, args: Any, index: int) -> Any:
+    """Leaf `index` of the tree `leaves`/`treedef` (every other leaf an Orbax
+    placeholder: not read)."""
+    alone = jax.tree_util.tree_unflatten(
+        treedef, [leaf if i == index else ocp.PLACEHOLDER for i, leaf in enumerate(leaves)])
+    restored = mgr.restore(step, args=ocp.args.Composite(
+        **{item: ocp.args.PyTreeRestore(alone, restore_args=args)}))[item]
+    found = [v for v in jax.tree_util.tree_leaves(restored) if v is not ocp.PLACEHOLDER]
+    if len(found) != 1:
+        raise ValueError(f"Orbax returned {len(found)} arrays for one requested")
+    return found[0]
+
+
+def _check_keys(directory: PathLike, step: int, item: str, keys: list[str],
+                expected: Mapping[str, Expected]) -> None:
+    """Every array the layout expects is saved, and no other."""
+    missing, unknown = sorted(set(expected) - set(keys)), sorted(set(keys) - set(expected))
+    if missing or unknown:
+        names = [expected[k].name for k in missing]
+        raise corrupt(directory, step, f"its {item!r} arrays do not match its metadata: "
+                                       f"missing {names}, unexpected {unknown}")
+
+
+def read_item(directory: PathLike, step: int, item: str, expected: Mapping[str, Expected],
+              *, target: Any = None, exact: bool = False,
+              then: Callable[[Any], Any] | None = None) -> Any:
+    """`item` of `step` read one array at a time, each checked against `expected`.
+
+    Args:
+      target: the tree to read into (its structure and leaf placements, see
+        `restore_args`); None reads the tree as saved, arrays as numpy.
+      expected: leaf key (`leaf_key`) → what that array must be (shape, checksum);
+        leaves without an entry are read unchecked.
+      exact: the saved leaves must be exactly those of `expected`.
+      then: applied to each array once checked (e.g. to put it on devices, so that
+        one host copy at a time is held); its result takes the array's place.
+
+    Reading arrays one by one names the damaged one when a file cannot be read, and
+    leaves no read of another array running when one fails: otherwise TensorStore
+    calls into Orbax's closed event loop and prints tracebacks until the interpreter
+    exits.
+
+    Raises:
+      CheckpointCorruptError: a file cannot be read, or an array differs from
+        `expected` (names the array and the item's directory).
+    """
+    where = str(step_dir(directory, step) / item)
+    hint = "" if target is None else " (or the restore target does not fit what was saved)"
+    with contextlib.ExitStack() as stack:
+        try:
+            mgr = stack.enter_context(manager(directory, create=False))
+            tree = mgr.item_metadata(step)[item].tree if target is None else target
+            args = _host_args(tree) if target is None else restore_args(target)
+            paths, treedef = jax.tree_util.tree_flatten_with_path(tree)
+            leaves = [leaf for _, leaf in paths]
+        except Exception as error:  # a damaged _METADATA / array_metadatas file
+            raise corrupt(directory, step, f"the metadata of its {item!r} arrays under "
+                                           f"{where!r} cannot be read ({_brief(error)})"
+                          ) from error
+        keys = [leaf_key(path) for path, _ in paths]
+        if exact:
+            _check_keys(directory, step, item, keys, expected)
+        values = []
+        for index, key in enumerate(keys):
+            want = expected.get(key, Expected(f"{item} leaf {key!r}"))
+            try:
+                value = _read_leaf(mgr, step, item, leaves, treedef, args, index)
+            except Exception as error:  # TensorStore/Orbax raise many types for bad files
+                raise corrupt(directory, step, f"{want.name} cannot be read from {where!r}"
+                                               f"{hint} ({_brief(error)})") from error
+            why = problem(want, value)
+            if why is not None:
+                raise corrupt(directory, step, f"{want.name} in {where!r} is not the array "
+                                               f"that was saved: {why}")
+            values.append(value if then is None else then(value))
+    return jax.tree_util.tree_unflatten(treedef, values)

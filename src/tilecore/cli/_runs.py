@@ -80,9 +80,17 @@ def resolve(out: Path | None, *, resume: bool, overwrite: bool, root: Path = DEF
 
 
 def saved_step(directory: Path) -> int:
-    """The newest checkpoint's step in `directory`'s run (0 if it has none)."""
-    steps = checkpoint.available_steps(directory / "checkpoint")
-    return steps[-1] if steps else 0
+    """The newest intact checkpoint's step in `directory`'s run (0 if it has none).
+
+    The step training resumes from: damaged newer checkpoints are skipped with a
+    warning (`tilecore.training.latest_step`); a CheckpointCorruptError (a
+    ValueError) says so when every one is damaged.
+    """
+    if not checkpoint.available_steps(directory / "checkpoint"):
+        return 0
+    from tilecore.training import latest_step  # the training stack, only when resuming
+
+    return latest_step(directory / "checkpoint") or 0
 
 
 def runs(root: Path) -> list[Path]:

@@ -123,11 +123,11 @@ def _topology(args: argparse.Namespace) -> tc.Topology:
     return tc.Topology(global_devices=args.devices or 1, sc_per_device=args.sc_per_device or 4)
 
 
-def _saved_topology(run_dir: Path) -> str:
-    """The topology (`LxS`) the run's newest checkpoint was saved on."""
+def _saved_topology(run_dir: Path, step: int) -> str:
+    """The topology (`LxS`) the run's checkpoint `step` (the one resumed) was saved on."""
     from tilecore import checkpoint
 
-    saved = checkpoint.read_metadata(run_dir / "checkpoint")["topology"]
+    saved = checkpoint.read_metadata(run_dir / "checkpoint", step=step)["topology"]
     return f"{saved['global_devices']}x{saved['sc_per_device']}"
 
 
@@ -178,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
     run_dir = _runs.resolve(args.out, resume=args.resume, overwrite=args.overwrite)
     print(f"tilecore train: {run_dir.note}", flush=True)
     start, out = run_dir.start_step, run_dir.path
-    if start and (saved := _saved_topology(out)) != str(topology):
+    if start and (saved := _saved_topology(out, start)) != str(topology):
         print(f"tilecore train: the checkpoint was saved on topology {saved}; converting its "
               f"tables and optimizer slots to {topology} (devices x SparseCores)",
               flush=True)
