@@ -267,3 +267,22 @@ def test_tune_limits_rejects_bad_arguments(criteo: tuple[tc.StackingPlan, list])
         fdo.tune_limits(plan, batches, headroom=-0.1)
     with pytest.raises(RuntimeError, match="still dropped after 1 rounds"):
         fdo.tune_limits(plan, batches, rounds=1)
+
+
+def test_one_headroom_rule_for_tune_limits_and_the_limits_command() -> None:
+    """100 with 10 % headroom is 110 (not 111, the float product's ceiling) everywhere."""
+    from tilecore.cli._common import calibrate
+
+    table = tc.TableSpec(name="t", vocab_size=1000, embedding_dim=8, max_ids_per_partition=100,
+                         max_unique_ids_per_partition=50)
+    plan = tc.stacking.stack_tables([tc.FeatureSpec(name="f", table=table, input_shape=(64, 1))],
+                                    tc.Topology(global_devices=1, sc_per_device=4))
+    grown = tc.fdo.with_headroom(plan, 0.1).stacks["t"]
+    assert (grown.max_ids_per_partition, grown.max_unique_ids_per_partition) == (110, 55)
+    with pytest.raises(ValueError, match="headroom must be a fraction >= 0"):
+        tc.fdo.with_headroom(plan, -0.5)
+    calibrated, stats = calibrate(plan, [{"f": tc.Ragged.from_rows([[1]] * 64)}], headroom=0.1)
+    observed = tc.update_preprocessing_parameters(plan, stats).stacks["t"]
+    assert calibrated.stacks["t"] == tc.fdo.with_headroom(
+        tc.update_preprocessing_parameters(plan, stats), 0.1).stacks["t"]
+    assert calibrated.stacks["t"].max_ids_per_partition >= observed.max_ids_per_partition

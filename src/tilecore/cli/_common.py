@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import warnings
@@ -73,36 +72,12 @@ def calibrate(
     batches drops an ID under the returned plan. Headroom (e.g. 0.1 for 10 %)
     lets later batches of the same distribution fit too. The config is `plan`'s.
     """
-    if headroom < 0:
-        raise ValueError(f"headroom must be >= 0, got {headroom}.")
     stats = [preprocess_dropping(plan, batch, num_threads=num_threads)[1] for batch in batches]
     if not stats:
         raise ValueError("calibrate needs at least one batch.")
     merged = reduce(tc.PreprocessStats.merge, stats)
     plan = tc.update_preprocessing_parameters(plan, merged)
-    if headroom:
-        plan = _with_headroom(plan, headroom)
-    return plan, merged
-
-
-def _with_headroom(plan: tc.StackingPlan, headroom: float) -> tc.StackingPlan:
-    """Every stack's limits and suggested buffer scaled by `1 + headroom` (rounded up)."""
-    topology = plan.topology
-    for name, stack in plan.stacks.items():
-        max_ids = math.ceil(stack.max_ids_per_partition * (1 + headroom))
-        largest = -(-max_ids // 8) * 8 * topology.sc_per_device * topology.num_partitions
-        suggested = stack.suggested_coo_buffer_size_per_device
-        plan = plan.with_stack_limits(
-            name,
-            max_ids_per_partition=max_ids,
-            max_unique_ids_per_partition=math.ceil(
-                stack.max_unique_ids_per_partition * (1 + headroom)
-            ),
-            suggested_coo_buffer_size_per_device=(
-                None if suggested is None else min(largest, math.ceil(suggested * (1 + headroom)))
-            ),
-        )
-    return plan
+    return tc.fdo.with_headroom(plan, headroom), merged
 
 
 def write_file(path: Path, content: bytes) -> None:

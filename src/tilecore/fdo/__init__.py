@@ -20,6 +20,7 @@ from ._tune import TuneReport as TuneReport
 from ._tune import heuristic_limits as heuristic_limits
 from ._tune import limits_of as limits_of
 from ._tune import tune_limits as tune_limits
+from ._tune import with_headroom as with_headroom
 from ._validate import check_stats as check_stats
 
 __all__ = [
@@ -35,4 +36,5 @@ __all__ = [
     "heuristic_limits",
     "limits_of",
     "tune_limits",
+    "with_headroom",
 ]

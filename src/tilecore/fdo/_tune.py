@@ -77,7 +77,15 @@ def heuristic_limits(plan: StackingPlan) -> StackingPlan:
     return plan
 
 
-def _with_headroom(plan: StackingPlan, headroom: float) -> StackingPlan:
+def with_headroom(plan: StackingPlan, headroom: float) -> StackingPlan:
+    """Every stack's limits and suggested buffer grown by the `headroom` fraction.
+
+    Rounded up (100 with 10 % headroom gives 110, never 111); the buffer never grows
+    past what the grown `max_ids_per_partition` can fill. The one headroom rule:
+    `tune_limits` and `tilecore limits` both use it.
+    """
+    if not (math.isfinite(headroom) and headroom >= 0):
+        raise ValueError(f"headroom must be a fraction >= 0, got {headroom!r}.")
     if headroom == 0:
         return plan
     n, s = plan.topology.num_partitions, plan.topology.sc_per_device
@@ -158,7 +166,7 @@ def tune_limits(
             if barrier is not None:
                 barrier()
             stats = client.load_for(work)
-        work = _with_headroom(update_preprocessing_parameters(work, stats), headroom)
+        work = with_headroom(update_preprocessing_parameters(work, stats), headroom)
         if dropped == 0:
             break
     else:
