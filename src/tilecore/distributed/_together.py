@@ -43,7 +43,7 @@ EXIT_CODE = 71
 
 _agreed: set[str] = set()
 _lock = threading.Lock()
-_installed: dict[str, Any] = {}
+_installed = threading.Event()
 _stopping = threading.Event()
 
 
@@ -97,7 +97,7 @@ def fail_together(*, poll_s: float = 1.0) -> None:
     if store is None or count == 1:
         return
     with _lock:
-        if _installed:
+        if _installed.is_set():
             return
         previous = sys.excepthook
 
@@ -116,7 +116,7 @@ def fail_together(*, poll_s: float = 1.0) -> None:
         watchdog = threading.Thread(target=_watch, args=(store, me, poll_s),
                                     name="tilecore-fail-together", daemon=True)
         watchdog.start()
-        _installed.update(hook=hook, previous=previous, watchdog=watchdog)
+        _installed.set()
 
 
 def _watch(store: KeyValueStore, me: int, poll_s: float) -> None:

@@ -21,6 +21,7 @@ from ..specs import FeatureSpec
 from ..stacking import StackingPlan, StackSpec
 from . import _kernels as k
 from ._limits import coo_buffer_size_per_device, row_pointers_size_per_device
+from ._signature import Signature, batch_signature
 
 _COMBINER_CODES = {"sum": k.SUM, "mean": k.MEAN, "sqrtn": k.SQRTN}
 _RADIX_BITS = 12
@@ -76,6 +77,7 @@ class PlanLayout:
                            for name, f in plan.features.items())
         self.stack_features = {name: plan.stack_features(name) for name in plan.stacks}
         self._stacks: dict[str, StackLayout] = {}
+        self._signature: Signature | None = None
 
     def stack(self, plan: StackingPlan, name: str) -> StackLayout:
         """The layout of stack `name` of `plan` (the plan this layout was built from)."""
@@ -83,6 +85,12 @@ class PlanLayout:
         if layout is None:
             layout = self._stacks[name] = _stack_layout(plan, plan.stacks[name], self.local_rows)
         return layout
+
+    def signature(self, plan: StackingPlan) -> Signature:
+        """`batch_signature(plan)` (of the plan this layout was built from), computed once."""
+        if self._signature is None:
+            self._signature = batch_signature(plan)
+        return self._signature
 
 
 _lock = threading.Lock()

@@ -22,7 +22,6 @@ from ._layout import PlanLayout, StackLayout, plan_layout
 from ._limits import check_limits, coo_buffer_size_per_device
 from ._minibatching import Sorted, StackPacking, keep_sorted, pack_minibatches
 from ._scratch import scratch
-from ._signature import batch_signature
 from ._threads import pool, resolve_num_threads
 from ._types import PreprocessedBatch, PreprocessStats, Ragged, StackBuffers
 
@@ -351,7 +350,7 @@ def preprocess(
             for name, b in stacks.items()
         }
     return PreprocessedBatch(stacks=stacks, num_minibatches=num_minibatches,
-                             made_for=batch_signature(plan)), stats
+                             made_for=layout.signature(plan)), stats
 
 
 def _resolve_agreement(plan: StackingPlan, agreement: Agreement | None) -> Agreement:
