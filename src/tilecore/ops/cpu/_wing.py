@@ -13,6 +13,7 @@ from .._layout import StackLayout
 from .._sparse_update import updated
 from .._variables import EmbeddingVariables
 from ._ffi import gather_pool
+from ._fused_update import fused_kernels, fused_update_buffers, fused_update_rows
 from ._kernels import (
     gather_rows,
     lookup_buffers,
@@ -40,8 +41,12 @@ def _row_gradients(rows: jax.Array, valid: jax.Array, samples: jax.Array, gains:
 def apply_update(variables: EmbeddingVariables, rows: jax.Array, sums: jax.Array,
                  spec: OptimizerSpec, step: Any, clip: tuple[float, float] | None,
                  count: jax.Array | None) -> EmbeddingVariables:
-    """The optimizer on the `count` leading rows only, a chunk at a time (work and
-    memory follow the touched rows, not the padded list)."""
+    """The optimizer on the `count` leading rows only: in one fused pass when the rule
+    is elementwise, else with JAX a chunk at a time (work and memory follow the
+    touched rows, not the padded list)."""
+    kernels = fused_kernels(spec)
+    if kernels is not None:
+        return fused_update_rows(kernels, variables, rows, sums, spec, step, clip, count)
     real = jnp.int32(rows.shape[0]) if count is None else count
     chunk = min(_CHUNK, rows.shape[0])
     last = rows.shape[0] - chunk
@@ -71,7 +76,20 @@ def _update_local(flat: FlatBuffers, grads: jax.Array, variables: EmbeddingVaria
                   clip: tuple[float, float] | None, num_minibatches: jax.Array
                   ) -> EmbeddingVariables:
     """One device's update; minibatched buffers one minibatch at a time (the optimizer
-    runs once per minibatch, as on the reference system)."""
+    runs once per minibatch, as on the reference system). An elementwise rule runs
+    fused with the gradient sums, one pass over the sorted buffers."""
+    kernels = fused_kernels(spec)
+    if kernels is not None:
+        if not layout.minibatched:
+            return fused_update_buffers(kernels, flat, grads, variables, layout, spec, step,
+                                        clip, jnp.array([0, 1], jnp.int32))
+
+        def fused(minibatch: jax.Array, variables: EmbeddingVariables) -> EmbeddingVariables:
+            which = jnp.stack([minibatch, num_minibatches]).astype(jnp.int32)
+            return fused_update_buffers(kernels, flat, grads, variables, layout, spec, step,
+                                        clip, which)
+
+        return jax.lax.fori_loop(0, num_minibatches, fused, variables)
     if not layout.minibatched:
         unique, sums, count = row_gradients_buffers(flat, grads, layout)
         return apply_update(variables, unique, sums, spec, step, clip, count)

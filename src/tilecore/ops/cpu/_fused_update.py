@@ -1,0 +1,253 @@
+"""The fused backward pass: each row's gradient summed and its optimizer step applied in one
+pass over the sorted buffers, while the row (and its slots) are in cache.
+
+One kernel module is generated per update rule: the rule's scalar source
+(`_rule_source`) followed by two kernels that call it per element,
+- `update_buffers`: one device's own buffers (`Wing.update_local`), partition by
+  partition, rows produced by `_segments.next_row` (or, for a partition whose
+  runs are not sorted, by sorting its entries);
+- `update_rows`: a list of distinct rows with their summed gradients (the mesh
+  path, after the entries have travelled to their owner device).
+The module is written to tilecore's cache directory, so numba's on-disk cache
+keeps its machine code across processes. A rule that is not elementwise has no
+kernels here; the wing applies it with JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import inspect
+import pathlib
+import sys
+import tempfile
+import types
+from functools import cache
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numba
+import numpy as np
+
+from ...optimizers import update_rule
+from ...specs import OptimizerSpec
+from .._layout import StackLayout
+from .._variables import EmbeddingVariables
+from . import _kernels, _segments
+from ._ffi import FfiKernel, _cache_dir, register_kernel
+from ._rule_source import RuleSource, hyper_kind, rule_source
+
+_TEMPLATE = '''
+
+_jit = numba.njit(nogil=True, cache={cache}, error_model="numpy", boundscheck=False)
+rule = numba.njit(inline="always", cache={cache}, error_model="numpy")(rule)
+
+
+@_jit
+def apply_row(r, acc, hf, hi, {outs}):
+    """The rule on row `r` of the table and slots, `acc` its gradient; the row clipped."""
+    low, high = hf[hf.shape[0] - 2], hf[hf.shape[0] - 1]
+{hypers}
+    for d in range(acc.shape[0]):
+        new = rule({call})
+        out_table[r, d] = np.minimum(np.maximum(new[0], low), high)
+{writes}
+
+
+@_jit
+def update_buffers(layout, which, row_pointers, embedding_ids, sample_ids, gains, grads, hf,
+                   hi, {ins}, {outs}):
+    n, rows_per_shard, samples = layout[0], layout[3], layout[4]
+{copies}
+    bounds = _segments.run_bounds(layout, which, row_pointers, embedding_ids.shape[0])
+    acc = np.empty(out_table.shape[1], np.float32)
+    for p in range(n):
+        base = p * rows_per_shard
+        if _segments.runs_sorted(bounds, p, embedding_ids, sample_ids, rows_per_shard, samples):
+            cursors = bounds[:, p, 0].copy()
+            stops = bounds[:, p, 1].copy()
+            while True:
+                row = _segments.next_row(cursors, stops, embedding_ids, sample_ids, gains, grads,
+                                         rows_per_shard, samples, acc)
+                if row < 0:
+                    break
+                apply_row(base + row, acc, hf, hi, {outs})
+        else:
+            rows, smp, gns = _segments.partition_entries(bounds, p, embedding_ids, sample_ids,
+                                                         gains, rows_per_shard, samples)
+            unique = np.empty(rows.shape[0], np.int32)
+            sums = np.empty((rows.shape[0], acc.shape[0]), np.float32)
+            count = np.zeros(1, np.int32)
+            _kernels._aggregate(rows, smp, gns, grads, unique, sums, count)
+            for u in range(count[0]):
+                apply_row(base + unique[u], sums[u], hf, hi, {outs})
+    return 0
+
+
+@_jit
+def update_rows(rows, sums, count, hf, hi, {ins}, {outs}):
+    num_rows = out_table.shape[0]
+{copies}
+    for i in range(min(count[0], rows.shape[0])):
+        r = rows[i]
+        if 0 <= r < num_rows:
+            apply_row(r, sums[i], hf, hi, {outs})
+    return 0
+'''
+
+
+def _module_source(rule: RuleSource, cached: bool) -> str:
+    slots = [f"slot{i}" for i in range(rule.num_slots)]
+    ins = ", ".join(["table", *slots])
+    outs = ", ".join(["out_table", *(f"out_{s}" for s in slots)])
+    hypers = "\n".join(
+        f"    hyper{k} = {'hf' if kind == 'f' else 'hi'}[{k}]"
+        for k, kind in enumerate(rule.hyper_kinds)) or "    pass"
+    copies = "\n".join(
+        f"    if {o}.ctypes.data != {i}.ctypes.data:\n        {o}[:] = {i}"
+        for i, o in zip(ins.split(", "), outs.split(", "), strict=True))
+    return (
+        "import numba\nimport numpy as np\n\nfrom tilecore.ops.cpu import _kernels, _segments\n\n"
+        + rule.source
+        + _TEMPLATE.format(
+            cache=cached, ins=ins, outs=outs, hypers=hypers, copies=copies,
+            call=", ".join(["acc[d]", "out_table[r, d]", *(f"out_{s}[r, d]" for s in slots),
+                            *(f"hyper{k}" for k in range(len(rule.hyper_kinds)))]),
+            writes="\n".join(f"        out_{s}[r, d] = new[{i + 1}]"
+                             for i, s in enumerate(slots)) or "        pass",
+        )
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedKernels:
+    """The two FFI kernels of one rule, and how many slots and hyperparameters it takes."""
+
+    rule: RuleSource
+    update_buffers: FfiKernel
+    update_rows: FfiKernel
+
+
+def _fingerprint(text: str) -> str:
+    here = [inspect.getsource(m) for m in (_segments, _kernels, sys.modules[__name__])]
+    payload = "\0".join([text, *here, numba.__version__, jax.__version__])
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _load(rule: RuleSource) -> types.ModuleType:
+    """Import the generated module of `rule` (from the cache directory when writable)."""
+    digest = _fingerprint(_module_source(rule, cached=True))
+    name = f"_tilecore_fused_{digest}"
+    if name in sys.modules:
+        return sys.modules[name]
+    directory = _cache_dir()
+    if directory is None:
+        module = types.ModuleType(name)
+        sys.modules[name] = module
+        exec(compile(_module_source(rule, cached=False), f"<{name}>", "exec"), module.__dict__)
+        return module
+    folder = directory / f"fused_{digest}"  # its own folder: the FFI cache key hashes siblings
+    folder.mkdir(exist_ok=True)
+    path = folder / "kernels.py"
+    if not path.exists():  # written atomically: concurrent processes may race here
+        with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".tmp", delete=False) as f:
+            f.write(_module_source(rule, cached=True))
+        pathlib.Path(f.name).replace(path)
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@cache
+def _kernels_for(rule: RuleSource) -> FusedKernels:
+    module = _load(rule)
+    digest = module.__name__.rsplit("_", 1)[-1]
+    f32, i32 = np.float32, np.int32
+    tables = [(f32, 2)] * (1 + rule.num_slots)
+    hyper = [(f32, 1), (i32, 1)]
+    buffers = register_kernel(
+        f"tilecore_fused_update_buffers_{digest}", module.update_buffers,
+        args=[(i32, 1), (i32, 1), (i32, 1), (i32, 1), (i32, 1), (f32, 1), (f32, 2), *hyper,
+              *tables], rets=tables)
+    rows = register_kernel(
+        f"tilecore_fused_update_rows_{digest}", module.update_rows,
+        args=[(i32, 1), (f32, 2), (i32, 1), *hyper, *tables], rets=tables)
+    return FusedKernels(rule, buffers, rows)
+
+
+def fused_kernels(spec: OptimizerSpec) -> FusedKernels | None:
+    """The fused kernels of `spec`'s rule, or None when it must run in JAX."""
+    source = _rule_source_cached(update_rule(spec), type(spec), spec)
+    return None if source is None else _kernels_for(source)
+
+
+def _rule_source_cached(rule: Any, kind: type, spec: OptimizerSpec) -> RuleSource | None:
+    key = (rule, kind, len(spec.slot_names), len(spec.hyperparameters(0)))
+    if key not in _SOURCES:
+        _SOURCES[key] = rule_source(spec)
+    return _SOURCES[key]
+
+
+_SOURCES: dict[Any, RuleSource | None] = {}
+
+
+def _hyper_operands(spec: OptimizerSpec, step: Any, clip: tuple[float, float] | None
+                    ) -> tuple[jax.Array, jax.Array]:
+    """The kernel's float and int operands: hyperparameters by kind, then the clip range."""
+    values = spec.hyperparameters(step)
+    kinds = [hyper_kind(v) for v in values]
+    low, high = (-np.inf, np.inf) if clip is None else clip
+    floats = [jnp.asarray(v, jnp.float32) if k == "f" else jnp.float32(0)
+              for v, k in zip(values, kinds, strict=True)]
+    ints = [jnp.asarray(v, jnp.int32) if k == "i" else jnp.int32(0)
+            for v, k in zip(values, kinds, strict=True)]
+    return (jnp.stack([*floats, jnp.float32(low), jnp.float32(high)]),
+            jnp.stack([*ints, jnp.int32(0)]))
+
+
+def _shapes(variables: EmbeddingVariables) -> list[jax.ShapeDtypeStruct]:
+    return [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (variables.table, *variables.slots)]
+
+
+def _aliases(first: int, variables: EmbeddingVariables) -> dict[int, int]:
+    return {first + i: i for i in range(1 + len(variables.slots))}
+
+
+def _variables(arrays: Any) -> EmbeddingVariables:
+    return EmbeddingVariables(arrays[0], tuple(arrays[1:]))
+
+
+def fused_update_buffers(kernels: FusedKernels, flat: Any, grads: jax.Array,
+                         variables: EmbeddingVariables, layout: StackLayout, spec: OptimizerSpec,
+                         step: Any, clip: tuple[float, float] | None,
+                         which: jax.Array) -> EmbeddingVariables:
+    """One device's variables after the fused update from its own buffers (`which` =
+    [minibatch, minibatches])."""
+    hf, hi = _hyper_operands(spec, step, clip)
+    layout_array = np.array([layout.num_partitions, layout.sc_per_device, layout.pointers_per_sc,
+                             layout.rows_per_shard, layout.samples_per_sc,
+                             int(layout.minibatched)], np.int32)
+    arrays = (variables.table, *variables.slots)
+    out = kernels.update_buffers(layout_array, which, *flat, grads, hf, hi, *arrays,
+                                 results=_shapes(variables),
+                                 input_output_aliases=_aliases(9, variables))
+    return _variables(out)
+
+
+def fused_update_rows(kernels: FusedKernels, variables: EmbeddingVariables, rows: jax.Array,
+                      sums: jax.Array, spec: OptimizerSpec, step: Any,
+                      clip: tuple[float, float] | None, count: jax.Array | None
+                      ) -> EmbeddingVariables:
+    """The variables after the rule on the `count` leading (distinct) rows, in one pass."""
+    hf, hi = _hyper_operands(spec, step, clip)
+    real = jnp.int32(rows.shape[0]) if count is None else jnp.asarray(count, jnp.int32)
+    arrays = (variables.table, *variables.slots)
+    out = kernels.update_rows(rows, sums, real.reshape(1), hf, hi, *arrays,
+                              results=_shapes(variables),
+                              input_output_aliases=_aliases(5, variables))
+    return _variables(out)

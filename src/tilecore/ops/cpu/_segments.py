@@ -1,0 +1,133 @@
+"""Walking one device's packed buffers as sorted runs, one run per (SparseCore, partition).
+
+Preprocessing writes each SparseCore's entries of a partition sorted by (local
+row, sample). So the gradient of a row is a segmented sum: the equal-row
+entries of the partition's runs (one per SparseCore of the device), read
+front to back. No sort, no scatter, no atomics; the row is finished (and its
+optimizer step can be applied) as soon as its last entry is read. These helpers
+find the runs, check that they are sorted (a batch built by hand may not be:
+the fused kernels then aggregate that partition by sorting it), and produce
+the rows one at a time. Like every kernel here they never raise: pointers are
+clipped to the buffer and entries outside their shard or SparseCore skipped.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from ._kernels import entry_in_range
+
+_jit = numba.njit(nogil=True, cache=True, error_model="numpy", boundscheck=False)
+
+
+@_jit
+def run_bounds(layout, which, row_pointers, size):
+    """`[S, N, 2]` start and stop of every (SparseCore, partition) run of one pass.
+
+    `layout` = [N, S, pointers per block, rows per shard, samples per SparseCore,
+    minibatched]; `which` = [minibatch, number of minibatches] (a plain layout
+    reads [0, 1]). Minibatched buffers hold `S·m` blocks of absolute pointers,
+    SparseCore `s`'s minibatch `k` in block `s·m + k`; plain buffers one block
+    per SparseCore, relative to its slot of `size // S` entries.
+    """
+    n, s_count, per_block = layout[0], layout[1], layout[2]
+    bounds = np.zeros((s_count, n, 2), np.int64)
+    blocks = row_pointers.shape[0] // per_block
+    if layout[5] == 0:
+        slot = size // s_count
+        for s in range(min(s_count, blocks)):
+            previous = 0
+            for p in range(n):
+                end = row_pointers[s * per_block + p]
+                start = max((previous + 7) & ~7, 0)
+                previous = end
+                bounds[s, p, 0] = s * slot + min(start, slot)
+                bounds[s, p, 1] = s * slot + max(min(end, slot), min(start, slot))
+        return bounds
+    minibatch, m = which[0], which[1]
+    for s in range(s_count):
+        k = s * m + minibatch
+        if k < 0 or k >= blocks:
+            continue
+        previous = row_pointers[k * per_block - per_block + n - 1] if k > 0 else 0
+        for p in range(n):
+            end = min(row_pointers[k * per_block + p], size)
+            start = min(max((previous + 7) & ~7, 0), size)
+            previous = end
+            bounds[s, p, 0] = start
+            bounds[s, p, 1] = max(end, start)
+    return bounds
+
+
+@_jit
+def runs_sorted(bounds, p, embedding_ids, sample_ids, rows_per_shard, samples):
+    """Whether every run of partition `p` lists its in-range rows in ascending order."""
+    for s in range(bounds.shape[0]):
+        last = -1
+        for j in range(bounds[s, p, 0], bounds[s, p, 1]):
+            row = embedding_ids[j]
+            if entry_in_range(row, sample_ids[j], rows_per_shard, samples):
+                if row < last:
+                    return False
+                last = row
+    return True
+
+
+@_jit
+def next_row(cursors, stops, embedding_ids, sample_ids, gains, grads, rows_per_shard, samples,
+             acc):
+    """The next (smallest) local row of the runs at `cursors`, with `acc` = its gradient.
+
+    Advances every cursor past the row's entries; returns −1 when the runs are spent.
+    `acc[d] = Σ gain·grads[s·samples + sample, d]` over the row's entries, in run order.
+    """
+    best = rows_per_shard
+    for s in range(cursors.shape[0]):
+        j = cursors[s]
+        while j < stops[s] and not entry_in_range(embedding_ids[j], sample_ids[j],
+                                                  rows_per_shard, samples):
+            j += 1
+        cursors[s] = j
+        if j < stops[s] and embedding_ids[j] < best:
+            best = embedding_ids[j]
+    if best == rows_per_shard:
+        return -1
+    dim = acc.shape[0]
+    for d in range(dim):
+        acc[d] = 0.0
+    for s in range(cursors.shape[0]):
+        j = cursors[s]
+        base = s * samples
+        while j < stops[s]:
+            row = embedding_ids[j]
+            if entry_in_range(row, sample_ids[j], rows_per_shard, samples):
+                if row != best:
+                    break
+                g = gains[j]
+                o = base + sample_ids[j]
+                for d in range(dim):
+                    acc[d] += g * grads[o, d]
+            j += 1
+        cursors[s] = j
+    return best
+
+
+@_jit
+def partition_entries(bounds, p, embedding_ids, sample_ids, gains, rows_per_shard, samples):
+    """(local row, gradient row, gain) of partition `p`'s in-range entries, for sorting."""
+    total = 0
+    for s in range(bounds.shape[0]):
+        total += max(bounds[s, p, 1] - bounds[s, p, 0], 0)
+    rows = np.full(total, -1, np.int32)
+    smp = np.zeros(total, np.int32)
+    gns = np.zeros(total, np.float32)
+    used = 0
+    for s in range(bounds.shape[0]):
+        for j in range(bounds[s, p, 0], bounds[s, p, 1]):
+            if entry_in_range(embedding_ids[j], sample_ids[j], rows_per_shard, samples):
+                rows[used] = embedding_ids[j]
+                smp[used] = s * samples + sample_ids[j]
+                gns[used] = gains[j]
+                used += 1
+    return rows, smp, gns

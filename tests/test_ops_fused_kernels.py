@@ -1,0 +1,148 @@
+"""The CPU wing's fused update: rules as scalar kernels, sorted runs, and the fallbacks.
+
+`test_ops.py` checks every optimizer end to end against the numpy oracle (through
+the fused kernels on CPU); these tests pin what those cannot see: that every rule
+really takes the fused path, that a rule which is not elementwise falls back and
+is still right, that buffers whose runs are not sorted (built by hand) update the
+same as sorted ones, and that the generated scalar code equals the `jnp` rule on
+random data for the primitives it translates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import tilecore as tc
+from _ops_cases import (
+    OPTIMIZERS,
+    RICH,
+    check_against_oracle,
+    oracle_steps,
+    preprocess,
+    run_steps,
+)
+from tilecore import ops
+from tilecore.ops._backend import wing
+from tilecore.ops._sparse_update import apply_sparse_update
+from tilecore.ops.cpu._fused_update import fused_kernels, fused_update_rows
+from tilecore.ops.cpu._rule_source import rule_source
+
+pytestmark = pytest.mark.skipif(wing().name != "cpu", reason="the CPU wing is not in use")
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_every_optimizer_takes_the_fused_kernel(name: str) -> None:
+    source = rule_source(OPTIMIZERS[name])
+    assert source is not None
+    assert source.num_slots == len(OPTIMIZERS[name].slot_names)
+    assert "def rule(" in source.source
+
+
+def _rowwise_adagrad(grad: Any, row: Any, accumulator: Any, learning_rate: Any
+                     ) -> tuple[Any, Any]:
+    """Row-wise Adagrad on the row's squared norm (padding columns add nothing), one
+    accumulator value per row kept in every column."""
+    accumulator = accumulator + (grad * grad).sum(axis=-1, keepdims=True)
+    return row - learning_rate * grad / (accumulator ** 0.5), accumulator + 0 * grad
+
+
+def test_a_rule_that_reduces_a_row_falls_back_and_matches_the_oracle() -> None:
+    spec = tc.CustomOptimizer(update_fn=_rowwise_adagrad, learning_rate=0.1,
+                              slot_initial_value_tuple=(0.2,))
+    assert rule_source(spec) is None and fused_kernels(spec) is None
+    case = RICH.with_optimizer("rowwise", spec)
+    check_against_oracle(case, run_steps(case, steps=2), oracle_steps(case, steps=2))
+
+
+def _mixed_rule(grad: Any, row: Any, slot: Any, lr: Any, power: Any, flag: Any
+                ) -> tuple[Any, Any]:
+    """Every translated primitive family: comparisons, selects, clip, integer powers,
+    transcendental functions, an integer hyperparameter converted to float."""
+    step = jnp.asarray(flag, jnp.float32)
+    big = jnp.where(jnp.abs(grad) > 0.5, grad ** 3, jnp.clip(grad, -0.25, 0.25))
+    slot = jnp.maximum(slot, 0.0) + jnp.exp(-jnp.square(grad)) * jnp.tanh(step)
+    scaled = jnp.power(slot + 1.0, power) * jax.lax.rsqrt(slot + 1.0)
+    row = jnp.where((row < 0) & (slot > 0.5), row * 0.5, row) - lr * big * scaled
+    return row + jnp.sign(grad) * jnp.log1p(jnp.abs(grad)) * 1e-3, slot
+
+
+def test_generated_rule_equals_the_jnp_rule() -> None:
+    spec = tc.CustomOptimizer(update_fn=_mixed_rule, learning_rate=0.1,
+                              slot_initial_value_tuple=(0.3,), extra_hyperparameters=(-0.5, 3))
+    kernels = fused_kernels(spec)
+    assert kernels is not None and kernels.rule.hyper_kinds == ("f", "f", "i")
+    rng = np.random.default_rng(0)
+    table = rng.normal(0, 1, (40, 6)).astype(np.float32)
+    slot = rng.uniform(-1, 2, (40, 6)).astype(np.float32)
+    rows = np.array([3, 17, 0, 39, 8, -1, 40, 5], np.int32)  # -1 and 40 are padding
+    sums = rng.normal(0, 1, (8, 6)).astype(np.float32)
+    variables = ops.EmbeddingVariables(jnp.asarray(table), (jnp.asarray(slot),))
+    got = jax.jit(lambda v, s: fused_update_rows(kernels, v, jnp.asarray(rows), jnp.asarray(s),
+                                                 spec, 7, (-2.0, 2.0), jnp.int32(7)))(
+        variables, sums)
+    listed = np.where(rows[:7] < 0, 40, rows[:7])  # apply_sparse_update's padding: >= V
+    expected = apply_sparse_update(variables, jnp.asarray(listed), jnp.asarray(sums[:7]),
+                                       spec, 7, clip=(-2.0, 2.0))
+    # Row 5 is past `count` (7 rows real): it stays untouched by the fused kernel.
+    np.testing.assert_array_equal(np.asarray(got.table)[5], table[5])
+    touched = [3, 17, 0, 39, 8]
+    np.testing.assert_allclose(np.asarray(got.table)[touched],
+                               np.asarray(expected.table)[touched], rtol=2e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(got.slots[0])[touched],
+                               np.asarray(expected.slots[0])[touched], rtol=2e-6, atol=1e-6)
+    untouched = np.setdiff1d(np.arange(40), [*touched, 5])
+    np.testing.assert_array_equal(np.asarray(got.table)[untouched], table[untouched])
+
+
+def _reverse_runs(batch: tc.PreprocessedBatch, plan: tc.StackingPlan) -> tc.PreprocessedBatch:
+    """`batch` with every (SparseCore, partition) run's entries in reverse order."""
+    n = plan.topology.num_partitions
+    per_sc = max(n, 8)
+    stacks = {}
+    for name, buffers in batch.stacks.items():
+        pointers = np.asarray(buffers.row_pointers).reshape(-1)
+        arrays = [np.asarray(a).reshape(-1).copy()
+                  for a in (buffers.embedding_ids, buffers.sample_ids, buffers.gains)]
+        s_count = plan.topology.sc_per_device
+        slot = arrays[0].shape[0] // s_count
+        for s in range(s_count):
+            previous = 0
+            for p in range(n):
+                end = int(pointers[s * per_sc + p])
+                start = (previous + 7) & ~7
+                previous = end
+                window = slice(s * slot + start, s * slot + end)
+                for a in arrays:
+                    a[window] = a[window][::-1].copy()
+        shape = np.shape(buffers.embedding_ids)
+        stacks[name] = dataclasses.replace(
+            buffers, embedding_ids=arrays[0].reshape(shape), sample_ids=arrays[1].reshape(shape),
+            gains=arrays[2].reshape(shape))
+    return dataclasses.replace(batch, stacks=stacks)
+
+
+def test_unsorted_runs_update_like_sorted_ones() -> None:
+    case = RICH.with_optimizer("adagrad", OPTIMIZERS["adagrad"])
+    plan = case.plan()
+    inputs, weights = case.batch(0)
+    batch, _ = preprocess(plan, inputs, weights)
+    shuffled = _reverse_runs(batch, plan)
+    assert not all(np.array_equal(np.asarray(a.embedding_ids), np.asarray(b.embedding_ids))
+                   for a, b in zip(batch.stacks.values(), shuffled.stacks.values(),
+                                   strict=True))
+    grads = {f: jnp.asarray(g) for f, g in case.activation_grads(0).items()}
+
+    def updated(b: tc.PreprocessedBatch) -> dict[str, Any]:
+        variables = ops.init_tables(plan, jax.random.key(0))
+        return ops.lookup_grad(plan, b, variables, grads, 0)
+
+    for name, (a, b) in {n: (updated(batch)[n], updated(shuffled)[n]) for n in batch.stacks}.items():
+        for x, y in zip((a.table, *a.slots), (b.table, *b.slots), strict=True):
+            np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6,
+                                       err_msg=name)
