@@ -88,5 +88,5 @@ def test_files_errors(tmp_path: Path) -> None:
     ds = data.clicks(seed=2, batch_size=32, **SMALL)
     root = data.write_click_files(tmp_path / "c", ds, train_batches=1, eval_batches=1)
     np.savez(root / "train" / "00000.npz", dense=np.zeros((32, 4)), labels=np.zeros(32))
-    with pytest.raises(ValueError, match=r"missing arrays \['c00\.values'"):
+    with pytest.raises(ValueError, match=r"missing arrays \['c00/values'"):
         data.load_click_files(root).train_batch(0)

@@ -7,9 +7,12 @@ Layout of a directory:
     train/00000.npz, …    one batch each
     eval/00000.npz, …     held-out batches
 
-A batch file holds `<feature>.values` (int IDs) and `<feature>.row_splits`
-(int64, B + 1 entries) per feature, `dense` (`[B, D]` float32) and `labels`
-(`[B]`, 0 or 1). Training steps cycle over the train files.
+A batch file is in the one `.npz` batch layout every command reads
+(`load_batch`, `tilecore limits --data`): `<feature>/values` (int IDs) and
+`<feature>/row_splits` (int64, B + 1 entries) per feature, plus `dense` (`[B, D]`
+float32) and `labels` (`[B]`, 0 or 1). Files in the earlier layout
+(`<feature>.values`, `<feature>.row_splits`) are still read. Training steps cycle
+over the train files.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import numpy as np
 
 from ..preprocessing import Ragged
 from ._clicks import ClickBatch, ClickFeature
-from ._files import read_npz
+from ._files import npz_arrays, ragged_from_npz, read_npz
 
 SCHEMA_FILE = "clicks.json"
 
@@ -54,13 +57,12 @@ def _write_atomic(path: Path, content: bytes) -> None:
 
 
 def _write_batch(path: Path, batch: ClickBatch) -> None:
-    arrays: dict[str, Any] = {"dense": batch.dense, "labels": batch.labels}
     for name, ragged in batch.sparse.items():
         if ragged.weights is not None:
             raise ValueError(f"write_click_files: feature {name!r} has weights; the click file "
                              "format stores IDs only.")
-        arrays[f"{name}.values"] = ragged.values
-        arrays[f"{name}.row_splits"] = ragged.row_splits
+    arrays: dict[str, Any] = {**npz_arrays(batch.sparse), "dense": batch.dense,
+                              "labels": batch.labels}
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     _write_atomic(path, buffer.getvalue())
@@ -110,14 +112,13 @@ class ClickFiles:
 
     def _read(self, path: Path) -> ClickBatch:
         npz = read_npz(path)
-        needed = ["dense", "labels"] + [f"{f.name}.{part}" for f in self.features
-                                        for part in ("values", "row_splits")]
-        missing = [key for key in needed if key not in npz]
+        found = ragged_from_npz(path, npz)
+        missing = [key for key in ("dense", "labels") if key not in npz]
+        missing += [f"{f.name}/values" for f in self.features if f.name not in found]
         if missing:
             raise ValueError(f"Click file {path}: missing arrays {missing}; it holds "
                              f"{sorted(npz)}. Write it with write_click_files.")
-        sparse = {f.name: Ragged(npz[f"{f.name}.values"], npz[f"{f.name}.row_splits"])
-                  for f in self.features}
+        sparse: dict[str, Ragged] = {f.name: found[f.name] for f in self.features}
         dense, labels = npz["dense"].astype(np.float32), npz["labels"].astype(np.float32)
         b, d = self.batch_size, self.num_dense
         if dense.shape != (b, d) or labels.shape != (b,):

@@ -3,7 +3,9 @@
 Both formats hold, per feature, the IDs of every sample and optional per-ID
 weights, and load into `Ragged` values that `tilecore.preprocess` takes as they
 are. In `.npz` the arrays are `<feature>/values`, `<feature>/row_splits` and
-optionally `<feature>/weights`. In Parquet every feature is a `list<int>`
+optionally `<feature>/weights`; a click batch (what `tilecore train` reads, see
+`write_click_files`) adds `dense` (`[B, D]` float32) and `labels` (`[B]`, 0 or
+1), which `load_batch` passes over: every command reads every `.npz` batch. In Parquet every feature is a `list<int>`
 column (one row per sample) and `<feature>/weights` an optional `list<float>`
 column; reading it needs `pyarrow` (`pip install 'tilecore[parquet]'`).
 """
@@ -21,6 +23,8 @@ import numpy as np
 from ..preprocessing import Ragged
 
 _PARTS = ("values", "row_splits", "weights")
+CLICK_ARRAYS = ("dense", "labels")
+"""The arrays a click batch adds to the sparse features' (not features themselves)."""
 # numpy parses .npy headers with `ast.literal_eval`, which CPython 3.11 cannot run in
 # several threads at once ("AST constructor recursion depth mismatch"); prefetching
 # threads read batch files concurrently.
@@ -28,17 +32,25 @@ _NPZ_LOCK = threading.Lock()
 SUFFIXES = (".npz", ".parquet")
 
 
+def npz_arrays(batch: Mapping[str, Ragged]) -> dict[str, np.ndarray]:
+    """The `.npz` arrays of `batch`: `<feature>/values`, `/row_splits`, `/weights`."""
+    arrays: dict[str, np.ndarray] = {}
+    for name, ragged in batch.items():
+        if name in CLICK_ARRAYS or "/" in name:
+            raise ValueError(f"save_batch: feature name {name!r} cannot be stored in .npz: "
+                             f"it may not contain '/' or be one of {CLICK_ARRAYS}; rename it.")
+        arrays[f"{name}/values"] = np.asarray(ragged.values)
+        arrays[f"{name}/row_splits"] = np.asarray(ragged.row_splits)
+        if ragged.weights is not None:
+            arrays[f"{name}/weights"] = np.asarray(ragged.weights)
+    return arrays
+
+
 def save_batch(path: str | os.PathLike[str], batch: Mapping[str, Ragged]) -> Path:
     """Write `batch` to `path` (its suffix, `.npz` or `.parquet`, picks the format)."""
     path = Path(path)
     if path.suffix == ".npz":
-        arrays: dict[str, np.ndarray] = {}
-        for name, ragged in batch.items():
-            arrays[f"{name}/values"] = np.asarray(ragged.values)
-            arrays[f"{name}/row_splits"] = np.asarray(ragged.row_splits)
-            if ragged.weights is not None:
-                arrays[f"{name}/weights"] = np.asarray(ragged.weights)
-        np.savez(path, **arrays)  # pyright: ignore[reportArgumentType]
+        np.savez(path, **npz_arrays(batch))  # pyright: ignore[reportArgumentType]
         return path
     if path.suffix == ".parquet":
         pa, pq = _pyarrow(path)
@@ -82,7 +94,15 @@ def read_npz(path: Path) -> dict[str, np.ndarray]:
 
 
 def _load_npz(path: Path) -> dict[str, Ragged]:
-    arrays = read_npz(path)
+    return ragged_from_npz(path, read_npz(path))
+
+
+def ragged_from_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> dict[str, Ragged]:
+    """The features of an `.npz` batch's `arrays` (`dense` and `labels` passed over)."""
+    arrays = {k: v for k, v in arrays.items() if k not in CLICK_ARRAYS}
+    legacy = [k for k in arrays if k.endswith((".values", ".row_splits"))]
+    if legacy and len(legacy) == len(arrays):  # the earlier click-file layout, <feature>.values
+        arrays = {k.rpartition(".")[0] + "/" + k.rpartition(".")[2]: v for k, v in arrays.items()}
     bad = [k for k in arrays if k.rpartition("/")[2] not in _PARTS or not k.rpartition("/")[0]]
     if bad:
         raise ValueError(f"{path}: array names must be <feature>/values, <feature>/row_splits "
