@@ -1,8 +1,12 @@
-"""Deterministic synthetic workloads for demos, benchmarks and tests (numpy only).
+"""Data in and out: synthetic workloads, click data from files, batch files (numpy only).
 
 A `Workload` holds feature specs (with their tables) and regenerates any batch
 from `(seed, step)`. Built-ins: `criteo`, `multihot`, `stacked`, `criteo26`.
 `clicks` is labelled click data with a hidden ground truth (for `tilecore train`).
+`open_click_data` reads your own click data — Criteo-format TSV (plain or gzip),
+Parquet, or `.npz` click files — streamed, as a `ClickSource`; `write_sample`
+writes a synthetic sample of each format. `save_batch` / `load_batch` hold one
+batch of IDs in the `.npz` layout every command reads.
 """
 
 from ._click_files import ClickFiles as ClickFiles
@@ -13,8 +17,17 @@ from ._clicks import ClickBatch as ClickBatch
 from ._clicks import ClickDataset as ClickDataset
 from ._clicks import ClickFeature as ClickFeature
 from ._clicks import clicks as clicks
+from ._criteo import BadRowError as BadRowError
 from ._files import load_batch as load_batch
 from ._files import save_batch as save_batch
+from ._open import open_click_data as open_click_data
+from ._read_options import DEFAULT_VOCAB_SIZE as DEFAULT_VOCAB_SIZE
+from ._read_options import ClickColumns as ClickColumns
+from ._read_options import ReadOptions as ReadOptions
+from ._samples import SampleFormat as SampleFormat
+from ._samples import write_sample as write_sample
+from ._stream import BadRowsWarning as BadRowsWarning
+from ._stream import StreamedClicks as StreamedClicks
 from ._workload import IdDistribution as IdDistribution
 from ._workload import Workload as Workload
 from ._workload import num_ids as num_ids
@@ -26,13 +39,20 @@ from ._workloads import multihot as multihot
 from ._workloads import stacked as stacked
 
 __all__ = [
+    "DEFAULT_VOCAB_SIZE",
     "WORKLOADS",
+    "BadRowError",
+    "BadRowsWarning",
     "ClickBatch",
+    "ClickColumns",
     "ClickDataset",
     "ClickFeature",
     "ClickFiles",
     "ClickSource",
     "IdDistribution",
+    "ReadOptions",
+    "SampleFormat",
+    "StreamedClicks",
     "Workload",
     "clicks",
     "criteo",
@@ -42,7 +62,9 @@ __all__ = [
     "load_click_files",
     "multihot",
     "num_ids",
+    "open_click_data",
     "save_batch",
     "stacked",
     "write_click_files",
+    "write_sample",
 ]

@@ -1,0 +1,103 @@
+"""The roles of a Parquet click file's columns: from options, the file's schema or the types.
+
+The file metadata key `tilecore.clicks` (written by `write_sample`) holds JSON
+`{"label": …, "dense": [...], "sparse": [{"name", "vocab_size", "max_ids"}, …]}`;
+`ReadOptions` override it. A `list<integer>` column without `max_ids` there gets
+the longest list in the first batch of the file (at least 2: a list column is a
+multi-hot feature, pooled by its mean).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ._clicks import ClickFeature
+from ._files import _pyarrow  # pyright: ignore[reportPrivateUsage]
+from ._parquet import SCHEMA_KEY, ParquetLayout, compute
+from ._read_options import ClickColumns, ReadOptions
+
+
+def parquet_files(path: Path) -> tuple[Path, ...]:
+    """`path` itself, or the `*.parquet` files of the directory `path` in name order."""
+    if path.is_dir():
+        files = tuple(sorted(path.glob("*.parquet")))
+        if not files:
+            raise ValueError(f"{path}: a directory without *.parquet files.")
+        return files
+    return (path,)
+
+
+def _is_int_list(pa: Any, kind: Any) -> bool:
+    return (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and pa.types.is_integer(
+        kind.value_type)
+
+
+def _roles(pa: Any, schema: Any, columns: ClickColumns, saved: dict[str, Any], where: str
+           ) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    label = columns.label if columns != ClickColumns() or not saved else saved["label"]
+    dense, sparse = columns.dense, columns.sparse
+    if dense is None and sparse is None and saved:
+        dense, sparse = tuple(saved["dense"]), tuple(s["name"] for s in saved["sparse"])
+    types = {name: schema.field(name).type for name in schema.names}
+    if sparse is None:
+        sparse = tuple(n for n, t in types.items() if n != label and n not in (dense or ())
+                       and (pa.types.is_integer(t) or _is_int_list(pa, t)))
+    if dense is None:
+        dense = tuple(n for n, t in types.items() if n != label and n not in sparse
+                      and pa.types.is_floating(t))
+    unknown = sorted({label, *dense, *sparse} - types.keys())
+    if unknown:
+        raise ValueError(f"{where}: no columns {unknown}; it has {list(types)} (--label-column, "
+                         "--dense-columns and --sparse-columns name them).")
+    numeric = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean)
+    for name, role in ((label, "the label"), *((d, "a dense column") for d in dense)):
+        if not any(check(types[name]) for check in numeric):
+            raise ValueError(f"{where}: column {name!r} is {role} but holds {types[name]}; "
+                             "it needs numbers.")
+    for name in sparse:
+        if not (pa.types.is_integer(types[name]) or _is_int_list(pa, types[name])):
+            raise ValueError(f"{where}: sparse column {name!r} holds {types[name]}; it needs "
+                             "integer IDs or lists of them (hash strings into integers first).")
+    if not sparse or not dense:
+        raise ValueError(f"{where}: found {len(dense)} dense and {len(sparse)} sparse columns "
+                         f"among {list(types)}; the click model needs at least one of each (name "
+                         "them with --dense-columns and --sparse-columns).")
+    return label, dense, sparse
+
+
+def parquet_layout(path: Path, options: ReadOptions
+                   ) -> tuple[ParquetLayout, tuple[ClickFeature, ...]]:
+    """The layout of the Parquet click data at `path` and its features, in column order."""
+    pa, pq = _pyarrow(path)
+    files = parquet_files(path)
+    try:
+        file = pq.ParquetFile(files[0])
+    except (OSError, pa.ArrowException) as error:
+        raise ValueError(f"{files[0]}: cannot read it as a Parquet file ({error}).") from None
+    metadata = file.schema_arrow.metadata or {}
+    saved = json.loads(metadata[SCHEMA_KEY]) if SCHEMA_KEY in metadata else {}
+    label, dense, sparse = _roles(pa, file.schema_arrow, options.columns, saved, str(path))
+    is_list = tuple(_is_int_list(pa, file.schema_arrow.field(n).type) for n in sparse)
+    by_name = {s["name"]: s for s in saved.get("sparse", ())}
+    schema_vocab = (tuple(by_name[n]["vocab_size"] for n in sparse)
+                    if all(n in by_name for n in sparse) else None)
+    vocab = options.vocab_for(sparse, schema_vocab, str(path))
+    layout = ParquetLayout(files=files, label=label, dense=dense, sparse=sparse,
+                           is_list=is_list, vocab_sizes=vocab)
+    first = next(file.iter_batches(batch_size=options.batch_size, columns=list(sparse)), None)
+    features = []
+    for name, listed, size in zip(sparse, is_list, vocab, strict=True):
+        max_ids = 1
+        if listed:
+            longest = 0 if first is None else _longest(first.column(name))
+            max_ids = max(2, int(by_name.get(name, {}).get("max_ids", longest)))
+        features.append(ClickFeature(name=name, vocab_size=size, max_ids=max_ids))
+    return layout, tuple(features)
+
+
+def _longest(column: Any) -> int:
+    pc = compute()
+    lengths = pc.list_value_length(column).fill_null(0)
+    return int(pc.max(lengths).as_py() or 0)

@@ -1,0 +1,87 @@
+"""How to read click data from files: batch size, vocabularies, held-out data, columns."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+DEFAULT_VOCAB_SIZE = 100_000
+"""Rows of each table when neither `vocab_sizes` nor the file's schema gives them."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ClickColumns:
+    """Which Parquet columns hold what.
+
+    Attributes:
+      label: the label column (0 or 1; integer, boolean or float).
+      dense: the dense feature columns, in order (None: every floating-point
+        column but the label).
+      sparse: the ID columns, one feature and table each (None: every integer
+        and `list<integer>` column that is not the label or a dense column).
+    """
+
+    label: str = "label"
+    dense: tuple[str, ...] | None = None
+    sparse: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        named = [self.label, *(self.dense or ()), *(self.sparse or ())]
+        twice = sorted({n for n in named if named.count(n) > 1})
+        if twice:
+            raise ValueError(f"ClickColumns: columns {twice} have more than one role (label, "
+                             "dense, sparse); name each column once.")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReadOptions:
+    """How `open_click_data` reads a Criteo TSV or Parquet file (a click-file directory
+    fixes its own batch size and vocabularies).
+
+    Attributes:
+      batch_size: samples per batch. The rows after the last full batch of the
+        file are not used.
+      vocab_sizes: rows of each feature's table (IDs are hashed into them): one
+        size for every table, or one per sparse feature in order (`C1` … `C26`
+        for TSV). None: the Parquet file's schema, else `DEFAULT_VOCAB_SIZE`.
+      held_out_batches: held-out (evaluation) batches. Without `eval_path` they
+        are the first batches of the data, and training reads the batches after
+        them; with it, the first batches of `eval_path` (cycled if it has fewer).
+        0: none (training reads from the first batch; `eval_batch` raises).
+      eval_path: a separate held-out file (same format), e.g. a later day of logs.
+      skip_bad_rows: count and skip rows that cannot be read (a `BadRowsWarning`
+        says how many) instead of raising `BadRowError`.
+      columns: the roles of Parquet columns (ignored for TSV).
+      progress: report long reads (seconds spent skipping to a batch) on stderr.
+    """
+
+    batch_size: int = 1024
+    vocab_sizes: tuple[int, ...] | None = None
+    held_out_batches: int = 4
+    eval_path: Path | None = None
+    skip_bad_rows: bool = False
+    columns: ClickColumns = dataclasses.field(default_factory=ClickColumns)
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or self.held_out_batches < 0:
+            raise ValueError(f"ReadOptions: need batch_size >= 1 and held_out_batches >= 0, got "
+                             f"batch_size={self.batch_size}, "
+                             f"held_out_batches={self.held_out_batches}.")
+        if self.vocab_sizes is not None and (not self.vocab_sizes or min(self.vocab_sizes) < 1):
+            raise ValueError(f"ReadOptions: vocab_sizes must be sizes >= 1, got "
+                             f"{self.vocab_sizes}.")
+
+    def vocab_for(self, names: tuple[str, ...], schema: tuple[int, ...] | None,
+                  where: str) -> tuple[int, ...]:
+        """The vocabulary of each of the features `names` (of the data at `where`)."""
+        sizes = self.vocab_sizes
+        if sizes is None:
+            return schema if schema is not None else (DEFAULT_VOCAB_SIZE,) * len(names)
+        if len(sizes) == 1:
+            return sizes * len(names)
+        if len(sizes) != len(names):
+            raise ValueError(f"{where}: {len(sizes)} vocabulary sizes for {len(names)} sparse "
+                             f"features {list(names)}; give one size for all, or one each "
+                             "(--vocab-sizes).")
+        return sizes

@@ -1,0 +1,211 @@
+"""A `ClickSource` over files read front to back (Criteo TSV, Parquet).
+
+The data's batches are its valid rows, `batch_size` at a time, in file order
+(the rows after the last full batch are not used). Without a separate held-out
+file, batches 0 … H − 1 are held out (`eval_batch`) and training batch `step` is
+batch H + (step mod E), E being the training batches in the file: at its end the
+file is opened again (epochs). Every batch is a pure function of the files, the
+options and its index, in every thread, process and resumed run.
+
+`train_batch(step)` takes any step, in any order, from several threads (the
+prefetching) or from copies in worker processes (a pickled source opens its own
+files): a cursor moves forward through the file taking batches as raw rows
+(checked, not converted: cheap) and converts only the batch asked for. The last
+`KEEP` raw batches are kept, so requests a little out of order (prefetch
+threads) cost nothing; a request behind them opens the file again.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import warnings
+import weakref
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from ._clicks import ClickBatch, ClickFeature
+from ._criteo import BadRowError
+from ._progress import ReadProgress
+
+KEEP = 8
+"""Raw batches a cursor keeps (the newest ones)."""
+
+
+class BadRowsWarning(UserWarning):
+    """Rows that could not be read were skipped (`skip_bad_rows`); says how many."""
+
+
+class Reader(Protocol):
+    """One pass over a file: `take` up to `rows` checked rows, `parse` them later."""
+
+    def take(self, rows: int) -> tuple[Any, int]: ...
+
+    @property
+    def progress(self) -> tuple[int, int]: ...
+
+    def close(self) -> None: ...
+
+
+OpenReader = Callable[[Callable[[BadRowError], None] | None], Reader]
+"""Opens a reader; its argument is called with each bad row (None: raise instead)."""
+Parse = Callable[[Any], ClickBatch]
+"""Converts what `Reader.take` returned into a batch."""
+
+
+class _Cursor:
+    """Raw batches `first, first + 1, …` of a file, wrapping around at its end."""
+
+    def __init__(self, open_reader: OpenReader, source: StreamedClicks, *, first: int,
+                 keep: int) -> None:
+        # A proxy: no reference cycle, so dropping the source closes its files at once.
+        self._source = weakref.proxy(source)
+        self._open, self._first, self._keep = open_reader, first, keep
+        self._reader: Reader | None = None
+        self._index = 0  # the batch the reader takes next
+        self.length: int | None = None  # batches in a pass, once the end was seen
+        self._kept: collections.OrderedDict[int, Any] = collections.OrderedDict()
+
+    def get(self, index: int, progress: ReadProgress) -> Any:
+        """Raw batch `index` (counted from `first`)."""
+        if self.length is not None:
+            index %= self.length
+        if index in self._kept:
+            self._kept.move_to_end(index)
+            return self._kept[index]
+        if self._reader is None or index < self._index:
+            self._restart()
+        reader = self._reader
+        assert reader is not None
+        while True:
+            raw, rows = reader.take(self._source.batch_size)
+            if rows < self._source.batch_size:
+                self._end(reader)
+                return self.get(index, progress)
+            self._kept[self._index] = raw
+            while len(self._kept) > self._keep:
+                self._kept.popitem(last=False)
+            self._index += 1
+            if self._index - 1 == index:
+                return raw
+            progress.update(*reader.progress, f"batch {index}")
+
+    def close(self) -> None:
+        """Close the file (a later `get` opens it again)."""
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+    def __del__(self) -> None:
+        self.close()
+
+    def _restart(self) -> None:
+        self.close()
+        source = self._source
+        self._reader = self._open(source.on_bad if source.skip_bad_rows else None)
+        self._index = 0
+        for skipped in range(self._first):
+            if self._reader.take(self._source.batch_size)[1] < self._source.batch_size:
+                self._too_few(skipped)
+
+    def _end(self, reader: Reader) -> None:
+        reader.close()
+        self._reader = None
+        if self.length is None:
+            self.length = self._index
+            self._source.pass_done()
+        if self.length == 0:
+            self._too_few(self._first)
+
+    def _too_few(self, batches: int) -> None:
+        source = self._source
+        skipped = " valid" if source.bad_rows else ""
+        held = (f"; the first {self._first} are held out for evaluation and none is left for "
+                "training (pass --eval-data, or lower --eval-batches or --batch-size)"
+                if self._first else " (lower --batch-size)")
+        raise ValueError(f"{source.name}: only {batches} full batches of {source.batch_size}"
+                         f"{skipped} rows{held}.")
+
+
+class StreamedClicks:
+    """Click data read from a file as a stream; made by `open_click_data`."""
+
+    def __init__(self, *, name: str, features: tuple[ClickFeature, ...], num_dense: int,
+                 batch_size: int, train: OpenReader, parse: Parse, held_out: int,
+                 eval_reader: OpenReader | None, skip_bad_rows: bool, progress: bool) -> None:
+        self.name, self.features, self.num_dense = name, features, num_dense
+        self.batch_size, self._parse, self.skip_bad_rows = batch_size, parse, skip_bad_rows
+        self._train_open, self._eval_open, self._held_out = train, eval_reader, held_out
+        self._progress_on = progress
+        self._setup()
+
+    def _setup(self) -> None:
+        self._lock = threading.Lock()
+        held = self._held_out if self._eval_open is None else 0
+        self._train = _Cursor(self._train_open, self, first=held, keep=KEEP)
+        self._eval = _Cursor(self._eval_open or self._train_open, self, first=0,
+                             keep=self._held_out)
+        self._progress = ReadProgress(self.name, enabled=self._progress_on)
+        self.bad_rows = 0
+        self._counted: dict[str, int] = {}  # per file: the last line counted as bad
+        self._passes = 0
+
+    def close(self) -> None:
+        """Close the open files (reading again opens them again; garbage collection also
+        closes them)."""
+        with self._lock:
+            self._train.close()
+            self._eval.close()
+
+    def __getstate__(self) -> dict[str, Any]:  # a copy opens its own files
+        keep = ("name", "features", "num_dense", "batch_size", "skip_bad_rows", "_parse",
+                "_train_open", "_eval_open", "_held_out", "_progress_on")
+        return {k: self.__dict__[k] for k in keep}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._setup()
+
+    def train_batch(self, step: int) -> ClickBatch:
+        """Training batch `step` (see the module docstring)."""
+        if step < 0:
+            raise ValueError(f"{self.name}: training step must be >= 0, got {step=}.")
+        return self._parse(self._get(self._train, step))
+
+    def eval_batch(self, index: int) -> ClickBatch:
+        """Held-out batch `index`, cycled over the held-out batches."""
+        if index < 0:
+            raise ValueError(f"{self.name}: eval index must be >= 0, got {index=}.")
+        if not self._held_out:
+            raise ValueError(f"{self.name}: opened without held-out batches "
+                             "(ReadOptions.held_out_batches=0).")
+        if self._eval_open is None:
+            index %= self._held_out
+        return self._parse(self._get(self._eval, index))
+
+    def _get(self, cursor: _Cursor, index: int) -> Any:
+        with self._lock:
+            self._progress.start()
+            try:
+                return cursor.get(index, self._progress)
+            finally:
+                self._progress.finish()
+
+    def on_bad(self, error: BadRowError) -> None:
+        """Count a skipped row (once, however often the file is read)."""
+        key = str(error.path)
+        if error.line <= self._counted.get(key, 0):
+            return
+        self._counted[key] = error.line
+        self.bad_rows += 1
+        if self.bad_rows == 1:
+            warnings.warn(f"skipping rows that cannot be read; the first: {error.where}: "
+                          f"{error.reason}",
+                          BadRowsWarning, stacklevel=2)
+
+    def pass_done(self) -> None:
+        """A cursor reached the end of its file for the first time."""
+        self._passes += 1
+        if self._passes == 1 and self.bad_rows:
+            warnings.warn(f"{self.name}: skipped {self.bad_rows} bad rows in one pass over the "
+                          "data.", BadRowsWarning, stacklevel=2)

@@ -1,0 +1,128 @@
+"""Parquet click data: scalar and list columns, roles and vocabularies, nulls, bad rows,
+several files, and the synthetic sample read back exactly."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tilecore as tc
+from tilecore import data
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+
+def options(**kw: object) -> data.ReadOptions:
+    return data.ReadOptions(**{"batch_size": 3, "held_out_batches": 1, "progress": False,
+                               **kw})  # pyright: ignore[reportArgumentType]
+
+
+def rows_of(ragged: tc.Ragged) -> list[list[int]]:
+    return [ragged.values[a:b].tolist() for a, b in itertools.pairwise(ragged.row_splits)]
+
+
+def table(n: int = 9, **extra: object) -> object:
+    columns = {"label": pa.array([i % 2 for i in range(n)], pa.int8()),
+               "price": pa.array([float(i) for i in range(n)], pa.float32()),
+               "user": pa.array([10 * i for i in range(n)], pa.int64()),
+               "items": pa.array([list(range(i % 4)) for i in range(n)], pa.list_(pa.int32())),
+               **extra}
+    return pa.table(columns)
+
+
+def test_the_sample_reads_back_as_the_dataset_wrote_it(tmp_path: Path) -> None:
+    path = data.write_sample(tmp_path, "parquet", rows=1500, seed=4)
+    want = data.clicks(seed=4, batch_size=1024)
+    source = data.open_click_data(path, options(batch_size=512, held_out_batches=1))
+    assert [(f.name, f.vocab_size) for f in source.features] == [
+        (f.name, f.vocab_size) for f in want.features]  # vocabularies from the file's schema
+    assert [f.max_ids > 1 for f in source.features] == [f.max_ids > 1 for f in want.features]
+    first = want.train_batch(0)
+    held, train = source.eval_batch(0), source.train_batch(0)  # rows 0-511, 512-1023
+    np.testing.assert_array_equal(held.labels, first.labels[:512])
+    np.testing.assert_array_equal(train.dense, first.dense[512:])
+    for f in want.features:
+        assert rows_of(train.sparse[f.name]) == rows_of(first.sparse[f.name])[512:]
+    wrapped = source.train_batch(1)  # 1500 rows: 2 full batches, 1 held out: 1 per epoch
+    np.testing.assert_array_equal(wrapped.labels, train.labels)
+
+
+def test_scalar_and_list_columns_nulls_and_hashing(tmp_path: Path) -> None:
+    path = tmp_path / "t.parquet"
+    pq.write_table(table(user=pa.array([5, None, -3, 250, 7, 8], pa.int64()),
+                         items=pa.array([[1, 2], None, [], [300], [1], [2]]), n=6), path)
+    source = data.open_click_data(path, options(vocab_sizes=(100,), held_out_batches=1))
+    assert [(f.name, f.vocab_size, f.max_ids) for f in source.features] == [
+        ("user", 100, 1), ("items", 100, 2)]
+    assert source.num_dense == 1
+    batch = source.eval_batch(0)
+    assert rows_of(batch.sparse["user"]) == [[5], [], [97]]  # null → no ID, -3 mod 100
+    assert rows_of(batch.sparse["items"]) == [[1, 2], [], []]
+    assert rows_of(source.train_batch(0).sparse["user"]) == [[50], [7], [8]]
+    assert rows_of(source.train_batch(0).sparse["items"]) == [[0], [1], [2]]
+
+
+def test_columns_as_configured(tmp_path: Path) -> None:
+    path = tmp_path / "t.parquet"
+    pq.write_table(table(clicked=pa.array([1, 0, 1] * 3, pa.int64())), path)
+    columns = data.ClickColumns(label="clicked", dense=("price", "user"), sparse=("items",))
+    source = data.open_click_data(path, options(columns=columns, vocab_sizes=(7,)))
+    assert [f.name for f in source.features] == ["items"] and source.num_dense == 2
+    batch = source.train_batch(0)
+    assert batch.labels.tolist() == [1, 0, 1] and batch.dense[:, 1].tolist() == [30, 40, 50]
+    with pytest.raises(ValueError, match="more than one role"):
+        data.ClickColumns(label="price", dense=("price",))
+
+
+@pytest.mark.parametrize("column, value, reason", [
+    ("label", None, "the label must be 0 or 1, got None"),
+    ("label", 2, "the label must be 0 or 1, got 2"),
+    ("price", math.nan, "dense values must be finite numbers, got nan"),
+    ("items", [1, None], "a list of IDs may not hold nulls"),
+])
+def test_bad_rows_name_file_row_and_column(tmp_path: Path, column: str, value: object,
+                                           reason: str) -> None:
+    good = table()
+    values = good.column(column).to_pylist()
+    values[4] = value
+    path = tmp_path / "t.parquet"
+    pq.write_table(good.set_column(good.schema.get_field_index(column), column,
+                                   pa.array(values, good.schema.field(column).type)), path)
+    with pytest.raises(data.BadRowError, match=reason) as info:
+        data.open_click_data(path, options()).train_batch(0)
+    assert f"{path}, row 5, column {column!r}" in str(info.value)
+    source = data.open_click_data(path, options(skip_bad_rows=True))
+    with pytest.warns(data.BadRowsWarning, match="row 5"):
+        batch = source.train_batch(0)
+    assert batch.dense[:, 0].tolist() == [3, 5, 6]  # row 5 (price 4) skipped
+    assert isinstance(source, data.StreamedClicks) and source.bad_rows == 1
+
+
+def test_a_directory_of_files_is_one_stream(tmp_path: Path) -> None:
+    whole = table(n=10)
+    for k, (start, stop) in enumerate(((0, 4), (4, 5), (5, 10))):
+        pq.write_table(whole.slice(start, stop - start), tmp_path / f"part-{k}.parquet")
+    source = data.open_click_data(tmp_path, options(held_out_batches=1))
+    assert [source.train_batch(s).dense[:, 0].tolist() for s in range(3)] == [
+        [3, 4, 5], [6, 7, 8], [3, 4, 5]]
+    pq.write_table(whole.cast(whole.schema.set(1, pa.field("price", pa.float64()))),
+                   tmp_path / "part-9.parquet")
+    with pytest.raises(ValueError, match=r"part-9.parquet: column 'price' is double"):
+        data.open_click_data(tmp_path, options(held_out_batches=1)).train_batch(3)
+
+
+def test_schema_errors(tmp_path: Path) -> None:
+    path = tmp_path / "t.parquet"
+    pq.write_table(table(name=pa.array(["a"] * 9)), path)
+    with pytest.raises(ValueError, match="no columns \\['nope'\\]"):
+        data.open_click_data(path, options(columns=data.ClickColumns(label="nope")))
+    with pytest.raises(ValueError, match="sparse column 'name' holds string"):
+        data.open_click_data(path, options(columns=data.ClickColumns(sparse=("name",))))
+    pq.write_table(pa.table({"label": [0, 1], "items": [[1], [2]]}), path)
+    with pytest.raises(ValueError, match="found 0 dense and 1 sparse columns"):
+        data.open_click_data(path, options())
