@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO
+
+import numpy as np
 
 import tilecore as tc
 from tilecore import data
 
 from ._common import topology_arg, write_file, write_json
+from ._data import add_read_options, check_read_options, open_data
 from ._limits_scan import report, scan
-from ._options import positive_int
+from ._options import int_list, positive_int
+
+Batches = Callable[[], Iterator[Mapping[str, tc.Ragged]]]
+EMBEDDING_DIM = 16  # of tables made for --data features (tilecore train's default)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -21,7 +27,8 @@ def add_parser(subparsers: Any) -> None:
         "limits",
         help="observed and recommended preprocessing limits per stack",
         description=(
-            "Scan batches (a built-in workload, or one batch from --data) under each "
+            "Scan batches (a built-in workload, or --data: click data as `tilecore train "
+            "--data` reads it, or one .npz batch file) under each "
             "--topology's default plan and report per stack: the observed maxima of IDs and "
             "unique IDs per partition (max over batches), the current and recommended limits "
             "(recommended = observed maxima; COO buffer = largest per-SparseCore need x S), the "
@@ -31,9 +38,9 @@ def add_parser(subparsers: Any) -> None:
             "would drop with dropping allowed."
         ),
     )
-    p.add_argument("--workload", default="criteo", choices=sorted(data.WORKLOADS),
-                   help="built-in workload; with --data it gives the feature specs "
-                        "(default criteo)")
+    p.add_argument("--workload", default=None, choices=sorted(data.WORKLOADS),
+                   help="built-in workload (default criteo); with --data, the file is one "
+                        "batch of this workload's features")
     p.add_argument("--topology", nargs="+", action="extend", type=topology_arg, default=None,
                    metavar="LxS",
                    help="one or more topologies, L devices x S SparseCores (default 1x4)")
@@ -42,33 +49,74 @@ def add_parser(subparsers: Any) -> None:
                    help="samples per batch (default: the workload's, or --data's rows)")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     p.add_argument("--data", type=Path, default=None, metavar="PATH",
-                   help="scan this one batch instead: a .npz (arrays <feature>/values, "
-                        "<feature>/row_splits, optional <feature>/weights) or a .parquet file "
-                        "(a list<int> column per feature, optional <feature>/weights)")
+                   help="scan --batches batches of this click data (what `train --data` "
+                        "reads: Criteo TSV, Parquet, a directory of .npz click files; one table "
+                        f"of width {EMBEDDING_DIM} per sparse feature), or the one batch of a "
+                        ".npz file (arrays <feature>/values, <feature>/row_splits, optional "
+                        "<feature>/weights; a table per feature, vocabulary from its IDs). With "
+                        "--workload, a .npz or .parquet (a list<int> column per feature) batch "
+                        "of that workload's features")
+    p.add_argument("--vocab-sizes", type=int_list, default=None, metavar="V1,V2,...",
+                   help="TSV or Parquet --data: vocabulary of each sparse feature, or one for "
+                        f"all (default: the Parquet schema, else {data.DEFAULT_VOCAB_SIZE})")
+    add_read_options(p)
     p.add_argument("--plot", type=Path, default=None, metavar="PATH.png",
                    help="write a PNG of per-partition load (max, mean) per stack")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the numbers")
     p.set_defaults(run=run)
 
 
-def _data_batch(args: argparse.Namespace) -> tuple[data.Workload, list[dict[str, tc.Ragged]]]:
+def _data_batch(args: argparse.Namespace
+                ) -> tuple[tuple[tc.FeatureSpec, ...], int, dict[str, tc.Ragged]]:
+    """The one batch of a batch file `--data`, its feature specs and batch size."""
     try:
         batch = data.load_batch(args.data)
     except (OSError, ValueError) as error:
         raise ValueError(f"--data {error}") from None
     rows = {f: r.num_rows for f, r in batch.items()}
     size = args.batch_size if args.batch_size is not None else max(rows.values(), default=0)
-    workload = data.get_workload(args.workload, seed=args.seed, batch_size=size)
-    names = {f.name for f in workload.features}
-    missing, unknown = sorted(names - batch.keys()), sorted(batch.keys() - names)
-    if missing or unknown:
-        raise ValueError(f"--data {args.data}: its features do not match workload "
-                         f"{args.workload!r}: missing {missing}, unknown {unknown}.")
+    features = None
+    if args.workload is not None:
+        features = data.get_workload(args.workload, seed=args.seed, batch_size=size).features
+        names = {f.name for f in features}
+        missing, unknown = sorted(names - batch.keys()), sorted(batch.keys() - names)
+        if missing or unknown:
+            raise ValueError(f"--data {args.data}: its features do not match workload "
+                             f"{args.workload!r}: missing {missing}, unknown {unknown}.")
     wrong = {f: n for f, n in rows.items() if n != size}
     if wrong:
         raise ValueError(f"--data {args.data}: every feature needs {size} rows (the batch "
                          f"size); got {wrong}. Pass --batch-size or fix the row_splits.")
-    return workload, [batch]
+    if features is None:  # a table per feature, as large as its IDs need
+        features = tuple(_spec(f, size, int(r.values.max(initial=0)) + 1,
+                               max(int(np.diff(r.row_splits).max(initial=1)), 1))
+                         for f, r in batch.items())
+    return features, size, batch
+
+
+def _spec(name: str, batch_size: int, vocab_size: int, max_ids: int) -> tc.FeatureSpec:
+    table = tc.TableSpec(name=name, vocab_size=vocab_size, embedding_dim=EMBEDDING_DIM,
+                         combiner="sum" if max_ids == 1 else "mean")
+    return tc.FeatureSpec(name=name, table=table, input_shape=(batch_size, max_ids))
+
+
+def _sources(args: argparse.Namespace) -> tuple[str, int, tuple[tc.FeatureSpec, ...], int,
+                                                  Batches]:
+    """What to scan: (name, batch size, feature specs, batch count, batches)."""
+    check_read_options(args)
+    if args.data is None:
+        sizes = {} if args.batch_size is None else {"batch_size": args.batch_size}
+        workload = data.get_workload(args.workload or "criteo", seed=args.seed, **sizes)
+        return (workload.name, workload.batch_size, workload.features, args.batches,
+                lambda: workload.batches(args.batches))
+    if args.workload is not None or args.data.suffix == ".npz":
+        features, size, batch = _data_batch(args)
+        return args.workload or "data", size, features, 1, lambda: iter([batch])
+    source = open_data(args, held_out=0)
+    specs = tuple(_spec(f.name, source.batch_size, f.vocab_size, f.max_ids)
+                  for f in source.features)
+    return ("data", source.batch_size, specs, args.batches,
+            lambda: (source.train_batch(i).sparse for i in range(args.batches)))
 
 
 class Progress:
@@ -92,29 +140,16 @@ class Progress:
 
 def run(args: argparse.Namespace) -> int:
     topologies = args.topology or [tc.Topology(global_devices=1, sc_per_device=4)]
-    if args.data is not None:
-        workload, batches = _data_batch(args)
-        count = 1
-
-        def stream() -> Iterator[Mapping[str, tc.Ragged]]:
-            return iter(batches)
-    else:
-        sizes = {} if args.batch_size is None else {"batch_size": args.batch_size}
-        workload = data.get_workload(args.workload, seed=args.seed, **sizes)
-        count = args.batches
-
-        def stream() -> Iterator[Mapping[str, tc.Ragged]]:
-            return workload.batches(count)
-
+    name, batch_size, features, count, stream = _sources(args)
     results = []
     for topology in topologies:
-        plan = tc.plan_stacking(workload.features, topology)
+        plan = tc.plan_stacking(features, topology)
         scans = scan(plan, stream(), progress=Progress(f"scanning {topology}", count))
         results.append((plan, scans, report(plan, scans)))
     summary = {
-        "workload": args.workload,
+        "workload": name,
         "source": str(args.data) if args.data is not None else "workload",
-        "batch_size": workload.batch_size,
+        "batch_size": batch_size,
         "batches": count,
         "seed": args.seed,
         "topologies": [r for _, _, r in results],

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import tilecore as tc
 
-from . import _bench, _demo, _limits, _train
+from . import _bench, _data, _demo, _limits, _train
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,8 +18,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="SparseCore-style sharded embeddings on any JAX backend.",
     )
     parser.add_argument("--version", action="version", version=f"tilecore {tc.__version__}")
-    subparsers = parser.add_subparsers(dest="command", required=True, metavar="{train,demo,bench,limits}")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="{train,data,demo,bench,limits}")
     _train.add_parser(subparsers)
+    _data.add_parser(subparsers)
     _demo.add_parser(subparsers)
     _bench.add_parser(subparsers)
     _limits.add_parser(subparsers)

@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import tilecore as tc
+from tilecore import data
 
 from . import _runs
 from ._common import add_threads_option, topology_arg, write_file, write_json
+from ._data import add_read_options, check_read_options, open_data
 from ._devices import RERUN_ENV, with_device_count
 from ._options import int_list, nonnegative_float, nonnegative_int, positive_float, positive_int
 
@@ -47,11 +49,12 @@ def add_parser(subparsers: Any) -> None:
                         "added to the checkpoint's (resuming step 1000 with --steps 500 "
                         "trains steps 1001-1500)")
     p.add_argument("--batch-size", type=positive_int, default=None,
-                   help=f"examples per step (default {DEFAULT_BATCH}; --data fixes it)")
+                   help=f"examples per step (default {DEFAULT_BATCH}; .npz --data fixes it)")
     p.add_argument("--eval-every", type=positive_int, default=200,
                    help="steps between evaluations (default 200; also after the last step)")
     p.add_argument("--eval-batches", type=positive_int, default=4,
-                   help="held-out batches (default 4)")
+                   help="held-out batches (default 4; with a TSV or Parquet --data and no "
+                        "--eval-data, its first batches)")
     p.add_argument("--optimizer", default="adagrad", choices=sorted(OPTIMIZERS),
                    help="optimizer of the tables (default adagrad)")
     p.add_argument("--learning-rate", type=positive_float, default=None,
@@ -61,7 +64,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--embedding-dim", type=positive_int, default=16,
                    help="embedding width (default 16)")
     p.add_argument("--vocab-sizes", type=int_list, default=None, metavar="V1,V2,...",
-                   help="vocabulary of each synthetic feature (default: 8 features, 500..100000)")
+                   help="vocabulary of each synthetic feature (default: 8 features, 500..100000); "
+                        "with a TSV or Parquet --data, of each sparse feature, or one size for "
+                        "all (IDs are hashed into it; default: the Parquet file's schema, else "
+                        f"{data.DEFAULT_VOCAB_SIZE})")
     p.add_argument("--devices", type=positive_int, default=None,
                    help="devices of the mesh (default 1). On CPU, JAX is started with "
                         "XLA_FLAGS=--xla_force_host_platform_device_count=N")
@@ -85,8 +91,12 @@ def add_parser(subparsers: Any) -> None:
                         "dropping IDs (default on)")
     p.add_argument("--pipelining", action=argparse.BooleanOptionalAction, default=True,
                    help="overlap SparseCore and TensorCore stages (default on)")
-    p.add_argument("--data", type=Path, default=None, metavar="DIR",
-                   help="read batches from .npz files (tilecore.data.write_click_files)")
+    p.add_argument("--data", type=Path, default=None, metavar="PATH",
+                   help="train on this click data instead of synthetic clicks: Criteo-format "
+                        "TSV (.tsv, .txt, plain or .gz), Parquet (.parquet, or a directory of "
+                        "them) or a directory of .npz click files; `tilecore data` writes a "
+                        "sample of each")
+    add_read_options(p)
     p.add_argument("--seed", type=int, default=0, help="data and model seed (default 0)")
     p.add_argument("--out", type=Path, default=None, metavar="DIR",
                    help="checkpoint, plots and summary.json go here (default: a new "
@@ -132,13 +142,8 @@ def _saved_topology(run_dir: Path, step: int) -> str:
 
 
 def _source(args: argparse.Namespace) -> Any:
-    from tilecore import data
-
     if args.data is not None:
-        if args.batch_size is not None or args.vocab_sizes is not None:
-            raise ValueError("--data fixes the batch size and vocabularies; drop --batch-size "
-                             "and --vocab-sizes.")
-        return data.load_click_files(args.data)
+        return open_data(args, held_out=args.eval_batches)
     sizes: dict[str, Any] = {}
     if args.vocab_sizes is not None:
         sizes["vocab_sizes"] = args.vocab_sizes
@@ -165,9 +170,7 @@ def _ensure_devices(count: int, argv: list[str]) -> int | None:
 
 def run(args: argparse.Namespace) -> int:
     topology = _topology(args)
-    if args.data is not None and (args.batch_size is not None or args.vocab_sizes is not None):
-        raise ValueError("--data fixes the batch size and vocabularies; drop --batch-size "
-                         "and --vocab-sizes.")
+    check_read_options(args)
     status = _ensure_devices(topology.global_devices, _argv(args, topology))
     if status is not None:
         return status
@@ -212,6 +215,8 @@ def run(args: argparse.Namespace) -> int:
             _runs.discard_if_empty(out)  # a failed new run leaves no empty directory behind
     summary = result.summary
     print(summary.format())
+    if isinstance(source, data.StreamedClicks) and source.bad_rows:
+        print(f"skipped {source.bad_rows} bad rows of {args.data} (--skip-bad-rows)")
     write_file(out / "loss_auc.png", training.plot_curves(summary))
     write_file(out / "partition_load.png", training.plot_partition_load(summary))
     print(f"wrote {out / 'loss_auc.png'} and {out / 'partition_load.png'}")
@@ -229,13 +234,17 @@ def _argv(args: argparse.Namespace, topology: tc.Topology) -> list[str]:
     argv = ["train", "--topology", str(topology),
             "--pipelining" if args.pipelining else "--no-pipelining",
             "--minibatching" if args.minibatching else "--no-minibatching",
-            *(["--resume"] if args.resume else []), *(["--overwrite"] if args.overwrite else [])]
+            *(["--resume"] if args.resume else []), *(["--overwrite"] if args.overwrite else []),
+            *(["--skip-bad-rows"] if args.skip_bad_rows else [])]
     if args.vocab_sizes is not None:
         argv += ["--vocab-sizes", ",".join(map(str, args.vocab_sizes))]
+    for flag in ("dense_columns", "sparse_columns"):
+        if getattr(args, flag) is not None:
+            argv += [f"--{flag.replace('_', '-')}", ",".join(getattr(args, flag))]
     for flag in ("steps", "batch_size", "eval_every", "eval_batches", "optimizer",
                  "learning_rate", "dense_learning_rate", "embedding_dim", "prefetch",
-                 "input_processes", "threads", "tune_batches", "headroom", "data", "seed", "out",
-                 "json", "profile", "checkpoint_every"):
+                 "input_processes", "threads", "tune_batches", "headroom", "data", "eval_data",
+                 "label_column", "seed", "out", "json", "profile", "checkpoint_every"):
         value = getattr(args, flag)
         if value is not None:
             argv += [f"--{flag.replace('_', '-')}", str(value)]

@@ -1,0 +1,111 @@
+"""`tilecore data`: write synthetic click data in every format `--data` reads; and the
+options that say how `train --data` and `limits --data` read a file.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any, get_args
+
+from tilecore import data
+
+from ._options import positive_int
+
+FORMATS = get_args(data.SampleFormat)
+
+
+def _names(text: str) -> tuple[str, ...]:
+    """argparse type: comma-separated column names."""
+    names = tuple(n.strip() for n in text.split(","))
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"must be column names separated by commas, got {text!r}")
+    return names
+
+
+def add_read_options(p: argparse.ArgumentParser) -> None:
+    """The flags of `--data` files other than the data path and batch size."""
+    p.add_argument("--eval-data", type=Path, default=None, metavar="PATH",
+                   help="held-out data in the format of --data (e.g. a later day of logs; "
+                        "default: the first --eval-batches batches of --data are held out and "
+                        "never trained on)")
+    p.add_argument("--skip-bad-rows", action="store_true",
+                   help="count and skip rows of --data that cannot be read (a warning gives "
+                        "the count) instead of stopping at the first, naming file, line and "
+                        "column")
+    p.add_argument("--label-column", default=None, metavar="NAME",
+                   help="Parquet: the label column (default: the file's schema, else label)")
+    p.add_argument("--dense-columns", type=_names, default=None, metavar="A,B,...",
+                   help="Parquet: the dense columns (default: every float column)")
+    p.add_argument("--sparse-columns", type=_names, default=None, metavar="A,B,...",
+                   help="Parquet: the ID columns, integer or list<integer>, a table each "
+                        "(default: every such column)")
+
+
+def read_options(args: argparse.Namespace, *, held_out: int) -> data.ReadOptions:
+    """`ReadOptions` from the flags of `add_read_options` plus --batch-size, --vocab-sizes."""
+    columns = data.ClickColumns(**({} if args.label_column is None
+                                   else {"label": args.label_column}),
+                                dense=args.dense_columns, sparse=args.sparse_columns)
+    return data.ReadOptions(batch_size=args.batch_size or 1024, vocab_sizes=args.vocab_sizes,
+                            held_out_batches=held_out, eval_path=args.eval_data,
+                            skip_bad_rows=args.skip_bad_rows, columns=columns)
+
+
+def _given(args: argparse.Namespace) -> list[str]:
+    return [flag for flag, value in (("--eval-data", args.eval_data),
+                                     ("--skip-bad-rows", args.skip_bad_rows),
+                                     ("--label-column", args.label_column),
+                                     ("--dense-columns", args.dense_columns),
+                                     ("--sparse-columns", args.sparse_columns)) if value]
+
+
+def check_read_options(args: argparse.Namespace) -> None:
+    """Refuse reading flags without `--data` (they would be ignored)."""
+    given = _given(args)
+    if given and args.data is None:
+        raise ValueError(f"{', '.join(given)} read --data files; pass --data PATH too.")
+
+
+def open_data(args: argparse.Namespace, *, held_out: int) -> data.ClickSource:
+    """The click data of `--data` read as the flags say."""
+    source = data.open_click_data(args.data, read_options(args, held_out=held_out))
+    fixed = [*_given(args), *(["--batch-size"] if args.batch_size else []),
+             *(["--vocab-sizes"] if args.vocab_sizes else [])]
+    if isinstance(source, data.ClickFiles) and fixed:
+        raise ValueError(f"--data {args.data} holds .npz click files, which fix the batch "
+                         f"size, vocabularies and held-out batches; drop {', '.join(fixed)}.")
+    return source
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "data", help="write synthetic click data in every format --data reads",
+        description=(
+            "Write a small synthetic click data set (labels from a hidden model, so a model "
+            "can learn them) in each --format into --out, to inspect or to train on: "
+            "criteo-tsv (clicks.tsv: label, 13 integer and 26 hexadecimal features, "
+            "tab-separated, some fields empty), criteo-tsv-gz (clicks.tsv.gz), parquet "
+            "(clicks.parquet: label, dense float columns, integer and list<integer> ID "
+            "columns) and npz (clicks-npz/: .npz click files). Earlier samples there are "
+            "replaced."),
+    )
+    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="directory to write")
+    p.add_argument("--format", dest="formats", nargs="+", choices=FORMATS, default=None,
+                   metavar="FORMAT", help=f"one or more of {', '.join(FORMATS)} (default all)")
+    p.add_argument("--rows", type=positive_int, default=10_000,
+                   help="rows to write (default 10000)")
+    p.add_argument("--batch-size", type=positive_int, default=1024,
+                   help="rows per .npz file (npz only; default 1024)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the data (default 0)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    for kind in args.formats or FORMATS:
+        path = data.write_sample(args.out, kind, rows=args.rows, seed=args.seed,
+                                 batch_size=args.batch_size)
+        print(f"wrote {path} ({kind})")
+    print(f"train on one: tilecore train --data {Path(args.out) / 'clicks.tsv.gz'} "
+          "--vocab-sizes 10000 --steps 100")
+    return 0
