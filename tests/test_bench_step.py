@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import sys
 from pathlib import Path
 
 import jax
@@ -94,3 +97,41 @@ def test_naive_step_computes_the_fused_step(optimizer: str) -> None:
     for name in naive:
         np.testing.assert_allclose(np.asarray(naive[name]), fused_tables[name], rtol=1e-5,
                                    atol=1e-7, err_msg=name)
+
+
+def test_peer_python_is_checked_before_anything_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """FBGEMM's CPU kernels have no Adam; a Python without torch is named with the fix."""
+    assert main(["bench", "step", "--optimizer", "adam", "--peer-python", sys.executable,
+                 *TINY]) == 2
+    assert "no exact counterpart of 'adam'" in capsys.readouterr().err
+    if importlib.util.find_spec("torch") is None:
+        assert main(["bench", "step", "--peer-python", sys.executable, *TINY]) == 2
+        err = capsys.readouterr().err
+        assert "cannot import torch and fbgemm_gpu" in err and "fbgemm-gpu-cpu" in err
+
+
+PEER_PYTHON = os.environ.get("TILECORE_FBGEMM_PYTHON")
+
+
+@pytest.mark.skipif(not PEER_PYTHON, reason="set TILECORE_FBGEMM_PYTHON to a Python with torch "
+                    "and fbgemm-gpu-cpu to run FBGEMM beside tilecore")
+def test_bench_step_runs_fbgemm_on_the_same_batches(tmp_path: Path) -> None:
+    out = tmp_path / "peer.json"
+    assert main(["bench", "step", "--optimizer", "sgd", "--no-naive", "--repeats", "2",
+                 "--warmup", "1", "--peer-python", str(PEER_PYTHON), "--json", str(out),
+                 *TINY]) == 0
+    result = json.loads(out.read_text())
+    assert result["peer_step_ms"] > 0 and result["peer_forward_ms"] > 0
+    assert result["peer_step_ratio"] == pytest.approx(result["peer_step_ms"] / result["step_ms"])
+    assert "fbgemm" in result["peer_versions"] and result["peer_peak_rss_mb"] > 0
+
+
+def test_forward_bandwidth_is_reported(tmp_path: Path) -> None:
+    out = tmp_path / "bw.json"
+    assert main(["bench", "step", "--no-naive", "--repeats", "1", "--warmup", "1",
+                 "--json", str(out), *TINY]) == 0
+    result = json.loads(out.read_text())
+    assert result["copy_bandwidth_gb_s"] > 0.1 and result["forward_gb_s"] > 0
+    assert result["forward_fraction_of_copy"] == pytest.approx(
+        result["forward_gb_s"] / result["copy_bandwidth_gb_s"])
+    assert result["peak_rss_mb"] > 0

@@ -24,6 +24,8 @@ OPTIONAL = {"pyarrow": "parquet", "hypothesis": "dev"}
 def _imported_distributions() -> set[str]:
     names: set[str] = set()
     for path in (ROOT / "src" / "tilecore").rglob("*.py"):
+        if "_peers" in path.parts:  # scripts that a peer engine's own Python runs
+            continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 names.update(alias.name.split(".")[0] for alias in node.names)

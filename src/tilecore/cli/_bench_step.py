@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import resource
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -68,6 +69,12 @@ def add_parser(kinds: Any) -> None:
                    help="with --minibatching: divide every stack's per-partition limits by F "
                         "(after calibration), so batches split into minibatches (default 1)")
     p.add_argument("--no-naive", action="store_true", help="skip the naive step")
+    p.add_argument("--peer-python", type=Path, default=None, metavar="PYTHON",
+                   help="also time FBGEMM's table-batched embeddings (forward, and the step "
+                        "with the same optimizer fused: sgd or adagrad) on the same "
+                        "batches, run by this Python (a venv with torch and fbgemm-gpu-cpu; "
+                        "never a tilecore dependency), and print the ratios. Pin the threads "
+                        "of both with taskset, e.g. `taskset -c 0 tilecore bench step ...`")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="write results here")
     p.add_argument("--batch-size", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--max-vocab", type=int, default=None, help=argparse.SUPPRESS)
@@ -82,6 +89,7 @@ def _argv(args: argparse.Namespace) -> list[str]:
             "--batches", str(args.batches), "--headroom", str(args.headroom),
             "--seed", str(args.seed), "--minibatch-split", str(args.minibatch_split)]
     for flag, value in (("--threads", args.threads), ("--json", args.json),
+                        ("--peer-python", args.peer_python),
                         ("--batch-size", args.batch_size), ("--max-vocab", args.max_vocab)):
         if value is not None:
             argv += [flag, str(value)]
@@ -104,6 +112,10 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError(f"bench step: --threads must be >= 1, got {args.threads}.")
     if args.max_vocab is not None and args.max_vocab < 1:
         raise ValueError(f"bench step: --max-vocab must be >= 1, got {args.max_vocab}.")
+    if args.peer_python is not None:
+        from ._bench_peer import check_peer
+
+        check_peer(args.peer_python, args.optimizer)
     if not args.no_naive:
         try:
             import optax  # noqa: F401
@@ -151,6 +163,8 @@ def run(args: argparse.Namespace) -> int:
     timing = {"warmup": args.warmup, "repeats": args.repeats}
     forward_s, step_s = _time_fused(plan, [b for b, _ in prepped], mesh, weights, args.seed,
                                     timing)
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before any child
+    peer = _peer(args, features, raw, optimizer, timing, workload.batch_size, forward_s, step_s)
     naive: dict[str, Any] = {}
     if not args.no_naive:
         from ._naive import time_naive
@@ -161,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
     result = _result(args, workload.batch_size, len(plan.stacks), forward_s, step_s, naive)
     result.update(minibatching=args.minibatching,
                   num_minibatches=[int(np.max(b.num_minibatches)) for b, _ in prepped])
+    result.update(peak_rss_mb=peak_mb, **peer)
     result.update(ids_per_batch=ids, forward_ids_per_s=ids / forward_s, ids_per_s=ids / step_s,
                   dropped_ids=sum(stats.dropped_ids for _, stats in prepped),
                   preprocess_threads=threads, **timing)
@@ -170,6 +185,30 @@ def run(args: argparse.Namespace) -> int:
     if args.json is not None:
         write_json(args.json, result)
     return 0
+
+
+def _peer(args: argparse.Namespace, features: list[tc.FeatureSpec],
+          raw: list[dict[str, tc.Ragged]], optimizer: tc.OptimizerSpec,
+          timing: Mapping[str, int], batch_size: int, forward_s: float, step_s: float
+          ) -> dict[str, Any]:
+    """The forward's bytes/s against the copy bandwidth; with --peer-python, FBGEMM's times
+    on the same batches and the ratios (FBGEMM's time / tilecore's: > 1 means faster)."""
+    from ._bench_peer import copy_bandwidth, forward_bytes, run_peer
+
+    copy = copy_bandwidth()
+    moved = forward_bytes(features, raw, batch_size) / forward_s
+    out: dict[str, Any] = {"copy_bandwidth_gb_s": copy / 1e9, "forward_gb_s": moved / 1e9,
+                           "forward_fraction_of_copy": moved / copy}
+    if args.peer_python is None:
+        return out
+    peer = run_peer(args.peer_python, features, raw, optimizer, args.optimizer, timing,
+                    args.seed)
+    out.update(peer_forward_ms=peer["forward_s"] * 1e3, peer_step_ms=peer["step_s"] * 1e3,
+               peer_threads=peer["threads"], peer_peak_rss_mb=peer["peak_rss_mb"],
+               peer_versions=f"torch {peer['torch_version']}, fbgemm {peer['fbgemm_version']}",
+               peer_forward_ratio=peer["forward_s"] / forward_s,
+               peer_step_ratio=peer["step_s"] / step_s)
+    return out
 
 
 def _minibatching(plan: tc.StackingPlan, split: int) -> tc.StackingPlan:
@@ -254,6 +293,20 @@ def _print(r: dict[str, Any]) -> None:
         _row("fused forward", r["forward_ms"], r["forward_examples_per_s"], r["forward_ids_per_s"]),
         _row("fused step", r["step_ms"], r["examples_per_s"], r["ids_per_s"]),
     ]
+    lines.append(f"  forward moves {r['forward_gb_s']:.1f} GB/s, "
+                 f"{100 * r['forward_fraction_of_copy']:.0f}% of this machine's copy bandwidth "
+                 f"({r['copy_bandwidth_gb_s']:.1f} GB/s); peak memory {r['peak_rss_mb']:,.0f} MB")
+    if "peer_step_ms" in r:
+        ids = r["ids_per_batch"]
+        lines += [
+            _row("FBGEMM forward", r["peer_forward_ms"], r["batch_size"] / r["peer_forward_ms"]
+                 * 1e3, ids / r["peer_forward_ms"] * 1e3),
+            _row("FBGEMM step", r["peer_step_ms"], r["batch_size"] / r["peer_step_ms"] * 1e3,
+                 ids / r["peer_step_ms"] * 1e3),
+            f"  FBGEMM time / tilecore time: forward {r['peer_forward_ratio']:.2f}x, step "
+            f"{r['peer_step_ratio']:.2f}x ({r['peer_threads']} threads, {r['peer_versions']}, "
+            f"peak memory {r['peer_peak_rss_mb']:,.0f} MB)",
+        ]
     if "naive_step_ms" in r:
         ids = r["ids_per_batch"]
         lines += [

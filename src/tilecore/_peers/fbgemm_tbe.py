@@ -1,0 +1,120 @@
+# pyright: reportMissingImports=false
+"""The peer side of `tilecore bench step --peer-python`: FBGEMM's table-batched embeddings.
+
+Run as a script by another Python (one with `torch` and `fbgemm-gpu-cpu`, never a
+tilecore dependency); it imports neither tilecore nor JAX:
+
+    PYTHON fbgemm_tbe.py BATCHES.npz RESULT.json
+
+`BATCHES.npz` holds `meta` (JSON: features with their table, vocabulary, width
+and combiner; optimizer and learning rate; warm-up, repeats, threads) and per
+batch `i` and feature `f` the arrays `b<i>/<f>/values` and `b<i>/<f>/row_splits`:
+the same IDs tilecore's step sees. The step mirrors tilecore's: forward through
+one `SplitTableBatchedEmbeddingBagsCodegen` holding every table, the same dense
+loss (`0.5·mean_b‖Σ_f act_f·W_f‖²`), backward with the optimizer fused (exact,
+on the touched rows). Times are medians of `repeats` calls after `warmup`;
+`peak_rss_mb` is the process's peak resident memory after the step.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import numpy as np
+
+
+def _median_seconds(call, warmup: int, repeats: int) -> float:
+    for i in range(warmup):
+        call(i)
+    times = []
+    for i in range(repeats):
+        start = time.perf_counter()
+        call(warmup + i)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak resident memory (VmHWM: unlike ru_maxrss, not inherited from
+    the parent that started it)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def main(batches_path: str, result_path: str) -> None:
+    import torch
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
+        EmbeddingLocation,
+        PoolingMode,
+    )
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+        ComputeDevice,
+        SplitTableBatchedEmbeddingBagsCodegen,
+    )
+
+    archive = np.load(batches_path)
+    meta = json.loads(str(archive["meta"]))
+    torch.set_num_threads(int(meta["threads"]))
+    features = meta["features"]
+    tables = list(dict.fromkeys(f["table"] for f in features))
+    vocab = {f["table"]: int(f["vocab"]) for f in features}
+    dim = {f["table"]: int(f["dim"]) for f in features}
+    combiners = {f["combiner"] for f in features}
+    if len(combiners) != 1 or combiners - {"sum", "mean"}:
+        raise SystemExit(f"FBGEMM peer: one combiner, sum or mean, per run; got {combiners}")
+    optimizer = {"sgd": EmbOptimType.EXACT_SGD,
+                 "adagrad": EmbOptimType.EXACT_ADAGRAD}[meta["optimizer"]]
+    embedding = SplitTableBatchedEmbeddingBagsCodegen(
+        embedding_specs=[(vocab[t], dim[t], EmbeddingLocation.HOST, ComputeDevice.CPU)
+                         for t in tables],
+        feature_table_map=[tables.index(f["table"]) for f in features],
+        optimizer=optimizer, learning_rate=float(meta["learning_rate"]), eps=1e-8,
+        pooling_mode=PoolingMode.SUM if combiners == {"sum"} else PoolingMode.MEAN,
+    )
+    inputs = []
+    for i in range(int(meta["batches"])):
+        values = [archive[f"b{i}/{f['name']}/values"].astype(np.int64) for f in features]
+        splits = [archive[f"b{i}/{f['name']}/row_splits"].astype(np.int64) for f in features]
+        starts = np.cumsum([0] + [len(v) for v in values[:-1]])
+        offsets = np.concatenate([s[:-1] + o for s, o in zip(splits, starts, strict=True)]
+                                 + [[starts[-1] + len(values[-1])]])
+        inputs.append((torch.from_numpy(np.concatenate(values)), torch.from_numpy(offsets)))
+    rng = np.random.default_rng(int(meta["seed"]))
+    projection = torch.from_numpy(np.concatenate([
+        rng.standard_normal((int(f["dim"]), 8)) / np.sqrt(int(f["dim"])) for f in features
+    ]).astype(np.float32))
+    n = len(inputs)
+
+    def forward(i: int) -> None:
+        with torch.no_grad():
+            embedding(*inputs[i % n])
+
+    def step(i: int) -> None:
+        pooled = embedding(*inputs[i % n])
+        z = pooled @ projection
+        (0.5 * (z * z).sum(dim=-1).mean()).backward()
+
+    timing = (int(meta["warmup"]), int(meta["repeats"]))
+    forward_s = _median_seconds(forward, *timing)
+    step_s = _median_seconds(step, *timing)
+    import fbgemm_gpu
+
+    result = {
+        "forward_s": forward_s, "step_s": step_s, "threads": torch.get_num_threads(),
+        "peak_rss_mb": _peak_rss_mb(),
+        "torch_version": torch.__version__,
+        "fbgemm_version": getattr(fbgemm_gpu, "__version__", "unknown"),
+        "optimizer": str(optimizer),
+    }
+    with open(result_path, "w") as out:
+        json.dump(result, out)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,103 @@
+"""`tilecore bench step --peer-python`: the same batches through FBGEMM, in the same run.
+
+The peer runs in its own Python (`tilecore/_peers/fbgemm_tbe.py`, a script that imports torch
+and fbgemm-gpu-cpu, never tilecore), on the IDs tilecore's step saw; this module
+writes them out, runs it, and reads its timings back. Also here: the machine's
+copy bandwidth, the yardstick for the forward pass's bytes per second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import tilecore as tc
+
+PEER_OPTIMIZERS = {"sgd": "sgd", "adagrad": "adagrad"}
+"""tilecore optimizer → the FBGEMM optimizer with the same update (exact, touched rows).
+FBGEMM's CPU kernels train with SGD, Adagrad and row-wise Adagrad only (not Adam);
+tilecore has no row-wise Adagrad."""
+
+PEER_WARMUP = 5
+"""FBGEMM's first backward calls run several times slower than later ones (its own set-up):
+the peer warms up at least this many calls."""
+
+_SCRIPT = Path(__file__).parent.parent / "_peers" / "fbgemm_tbe.py"
+
+
+def check_peer(python: Path, optimizer: str) -> None:
+    """Raise ValueError unless `python` can run the peer for `optimizer`."""
+    if optimizer not in PEER_OPTIMIZERS:
+        raise ValueError(f"bench step: --peer-python compares {sorted(PEER_OPTIMIZERS)} "
+                         f"(FBGEMM has no exact counterpart of {optimizer!r}).")
+    probe = subprocess.run(
+        [str(python), "-c", "import torch, fbgemm_gpu.split_table_batched_embeddings_ops_training"],
+        capture_output=True, text=True, check=False)
+    if probe.returncode != 0:
+        last = (probe.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise ValueError(f"bench step: --peer-python {python} cannot import torch and "
+                         f"fbgemm_gpu: {last}. Make a venv with `pip install torch "
+                         "fbgemm-gpu-cpu` (versions built for each other).")
+
+
+def run_peer(python: Path, features: Sequence[tc.FeatureSpec],
+             batches: Sequence[Mapping[str, tc.Ragged]], optimizer: tc.OptimizerSpec,
+             optimizer_name: str, timing: Mapping[str, int], seed: int) -> dict[str, Any]:
+    """FBGEMM's forward and step timings (and peak memory) on `batches`."""
+    learning_rate = getattr(optimizer, "learning_rate", 0.01)
+    meta = {
+        "features": [{"name": f.name, "table": f.table.name, "vocab": f.table.vocab_size,
+                      "dim": f.table.embedding_dim, "combiner": f.table.combiner}
+                     for f in features],
+        "optimizer": PEER_OPTIMIZERS[optimizer_name],
+        "learning_rate": float(learning_rate) if not callable(learning_rate) else 0.01,
+        "batches": len(batches), "seed": seed, "threads": len(os.sched_getaffinity(0)),
+        **timing, "warmup": max(PEER_WARMUP, timing["warmup"]),
+    }
+    arrays: dict[str, np.ndarray] = {"meta": np.array(json.dumps(meta))}
+    for i, batch in enumerate(batches):
+        for f in features:
+            if batch[f.name].weights is not None:
+                raise ValueError(f"bench step: --peer-python: feature {f.name!r} is weighted; "
+                                 "the peer comparison runs unit-weight workloads.")
+            arrays[f"b{i}/{f.name}/values"] = np.asarray(batch[f.name].values)
+            arrays[f"b{i}/{f.name}/row_splits"] = np.asarray(batch[f.name].row_splits)
+    with tempfile.TemporaryDirectory(prefix="tilecore-peer-") as tmp:
+        inputs, output = Path(tmp) / "batches.npz", Path(tmp) / "result.json"
+        np.savez(inputs, **arrays)  # pyright: ignore[reportArgumentType]
+        done = subprocess.run([str(python), str(_SCRIPT), str(inputs), str(output)],
+                              capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            tail = "\n".join(done.stderr.strip().splitlines()[-5:])
+            raise RuntimeError(f"bench step: the FBGEMM peer failed (exit {done.returncode}):\n"
+                               f"{tail}")
+        return json.loads(output.read_text())
+
+
+def copy_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
+    """Bytes per second (read + written) of the best of `repeats` large numpy copies."""
+    source = np.ones(megabytes * 2**20 // 4, np.float32)
+    target = np.empty_like(source)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        np.copyto(target, source)
+        best = min(best, time.perf_counter() - start)
+    return 2 * source.nbytes / best
+
+
+def forward_bytes(features: Sequence[tc.FeatureSpec], batches: Sequence[Mapping[str, tc.Ragged]],
+                  batch_size: int) -> float:
+    """Mean bytes a forward pass must move: each ID's float32 row read once, each
+    activation written once."""
+    reads = np.mean([sum(len(b[f.name].values) * f.table.embedding_dim for f in features)
+                     for b in batches])
+    return 4 * (float(reads) + batch_size * sum(f.table.embedding_dim for f in features))
