@@ -1,9 +1,14 @@
-"""Shared test set-up: a deterministic hypothesis profile and the kernel-path fixture."""
+"""Shared test set-up: a deterministic hypothesis profile, the kernel-path fixture, and
+`made_once` for expensive results (subprocess runs) that several test modules or xdist
+workers share."""
 
 from __future__ import annotations
 
+import fcntl
 import os
-from collections.abc import Iterator
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import jax
 import pytest
@@ -39,3 +44,36 @@ def kernels(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     yield request.param
     monkeypatch.undo()
     wing.cache_clear()
+
+
+MadeOnce = Callable[[str, Callable[[Path], object]], Path]
+
+
+@pytest.fixture(scope="session")
+def made_once(tmp_path_factory: pytest.TempPathFactory) -> MadeOnce:
+    """`made_once(name, make)`: the folder `name`, filled by `make(folder)` once per session.
+
+    Under pytest-xdist every worker that runs one of a module's tests builds that
+    module's fixtures itself, and builds them again when work stealing hands it the
+    module's tests after another module's; for a fixture that runs a subprocess for
+    half a minute that is the cost of a whole test file. The workers share the
+    session's temporary root, so the first to ask makes the folder (under a lock; the
+    others wait for it) and every later ask, from any worker, reads what it made. A
+    `make` that raises leaves nothing behind: the next ask tries again.
+    """
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+    def get(name: str, make: Callable[[Path], object]) -> Path:
+        folder, done = root / f"once-{name}", root / f"once-{name}.done"
+        with open(root / f"once-{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            if not done.exists():
+                if folder.exists():  # a make that raised part-way
+                    shutil.rmtree(folder)
+                folder.mkdir()
+                make(folder)
+                done.touch()
+        return folder
+
+    return get

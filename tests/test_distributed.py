@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -107,13 +108,13 @@ class Launched(NamedTuple):
 
 
 @pytest.fixture(scope="module", params=list(LAUNCHES))
-def launch(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-           ) -> Launched:
+def launch(request: pytest.FixtureRequest,
+           made_once: Callable[[str, Callable[[Path], object]], Path]) -> Launched:
     reason = _gloo_missing()
     if reason:
         pytest.skip(reason)
     spec = LAUNCHES[request.param]
-    out = _launch(spec, tmp_path_factory.mktemp(f"distributed-{request.param}"))
+    out = made_once(f"distributed-{request.param}", lambda folder: _launch(spec, folder))
     from tilecore.ops.cpu import unavailable_reason
 
     return Launched(spec.processes, out, spec.parts,

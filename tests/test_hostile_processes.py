@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -39,12 +40,18 @@ class Job(NamedTuple):
 
 
 @pytest.fixture(scope="module", params=[1, 0], ids=["worker-fails", "coordinator-fails"])
-def job(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Job:
+def job(request: pytest.FixtureRequest,
+        made_once: Callable[[str, Callable[[Path], object]], Path]) -> Job:
     reason = _gloo_missing()
     if reason:
         pytest.skip(reason)
     failing: int = request.param
-    out = tmp_path_factory.mktemp("together")
+    out = made_once(f"together-{failing}", lambda folder: (folder / "job.json").write_text(
+        json.dumps(_run_job(failing, folder)._asdict())))
+    return Job(**json.loads((out / "job.json").read_text()))
+
+
+def _run_job(failing: int, out: Path) -> Job:
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1",
                XLA_FLAGS="--xla_force_host_platform_device_count=2")
     port = _free_port()

@@ -16,7 +16,7 @@ import functools
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -306,15 +306,17 @@ def worker(out_dir: Path) -> None:
     np.savez(out_dir / "nnx.npz", **run_nnx(2))
 
 
-@pytest.fixture(scope="module")
-def two_devices(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("layers")
+def _run_worker(out: Path) -> None:
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=" ".join(
         [os.environ.get("XLA_FLAGS", ""), "--xla_force_host_platform_device_count=2"]).strip())
     done = subprocess.run([sys.executable, __file__, str(out)], env=env, capture_output=True,
                           text=True, timeout=600, check=False)
     assert done.returncode == 0, f"worker failed:\n{done.stdout}\n{done.stderr}"
-    return out
+
+
+@pytest.fixture(scope="module")
+def two_devices(made_once: Callable[[str, Callable[[Path], object]], Path]) -> Path:
+    return made_once("layers-two-devices", _run_worker)
 
 
 @pytest.mark.parametrize("kind", ["linen", "nnx"])

@@ -13,6 +13,7 @@ import dataclasses
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -143,9 +144,7 @@ def worker(out_dir: Path) -> None:
         _save(out_dir / f"stacked-{devices}.npz", _stacked_arrays(devices))
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("multidevice")
+def _run_worker(out: Path) -> None:
     # Plain XLA ops on every mesh size, one device included (test_ops.py covers the
     # single-device CPU kernels; skipping them here also skips their numba compile).
     env = dict(os.environ, JAX_PLATFORMS="cpu", TILECORE_KERNELS="xla", XLA_FLAGS=" ".join(
@@ -153,7 +152,11 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
     done = subprocess.run([sys.executable, __file__, str(out)], env=env, capture_output=True,
                           text=True, timeout=600, check=False)
     assert done.returncode == 0, f"worker failed:\n{done.stdout}\n{done.stderr}"
-    return out
+
+
+@pytest.fixture(scope="module")
+def results(made_once: Callable[[str, Callable[[Path], object]], Path]) -> Path:
+    return made_once("ops-multidevice", _run_worker)
 
 
 def _load(results: Path, name: str) -> dict[str, np.ndarray]:
