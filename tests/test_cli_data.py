@@ -41,7 +41,9 @@ def test_train_on_criteo_tsv(samples: Path, tmp_path: Path) -> None:
 
 
 def test_train_on_parquet_with_held_out_file(samples: Path, tmp_path: Path) -> None:
-    held_out = data.write_sample(tmp_path / "later", "parquet", rows=100, seed=1)
+    held_out = data.write_sample(tmp_path / "later", "parquet", rows=100, held_out=True)
+    with pytest.raises(ValueError, match="hold their own held-out batches"):
+        data.write_sample(tmp_path / "later", "npz", held_out=True)
     out = tmp_path / "run"
     assert main(["train", "--data", str(samples / "clicks.parquet"), "--eval-data",
                  str(held_out), *TINY, "--out", str(out)]) == 0

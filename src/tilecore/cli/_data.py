@@ -97,15 +97,25 @@ def add_parser(subparsers: Any) -> None:
                    help="rows to write (default 10000)")
     p.add_argument("--batch-size", type=positive_int, default=1024,
                    help="rows per .npz file (npz only; default 1024)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the data (default 0)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the data and of the hidden model of its labels (default 0)")
+    p.add_argument("--held-out", action="store_true",
+                   help="write other rows of the same hidden model, for train --eval-data "
+                        "(TSV and Parquet)")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    for kind in args.formats or FORMATS:
-        path = data.write_sample(args.out, kind, rows=args.rows, seed=args.seed,
-                                 batch_size=args.batch_size)
+    kinds = args.formats or [k for k in FORMATS if not (args.held_out and k == "npz")]
+    written = [(kind, data.write_sample(args.out, kind, rows=args.rows, seed=args.seed,
+                                        batch_size=args.batch_size, held_out=args.held_out))
+               for kind in kinds]
+    for kind, path in written:
         print(f"wrote {path} ({kind})")
-    print(f"train on one: tilecore train --data {Path(args.out) / 'clicks.tsv.gz'} "
-          "--vocab-sizes 10000 --steps 100")
+    kind, path = written[0]
+    vocab = " --vocab-sizes 10000" if kind.startswith("criteo") else ""
+    if args.held_out:
+        print(f"evaluate on it: tilecore train --data TRAINING-DATA --eval-data {path}{vocab}")
+    else:
+        print(f"train on it: tilecore train --data {path}{vocab} --steps 100")
     return 0

@@ -34,10 +34,12 @@ _CRITEO_VOCAB = (1000, 5000, 20_000, 50_000, 100_000, 2000, 10_000, 500) * 3 + (
 _CHUNK = 1024
 
 
-def _batches(dataset: ClickDataset, rows: int) -> list[tuple[ClickBatch, int]]:
-    """The first `rows` rows of `dataset`'s training batches: (batch, rows to use)."""
+def _batches(dataset: ClickDataset, rows: int, held_out: bool) -> list[tuple[ClickBatch, int]]:
+    """The first `rows` rows of `dataset`'s training (or held-out) batches: (batch, rows to
+    use)."""
+    get = dataset.eval_batch if held_out else dataset.train_batch
     count = -(-rows // dataset.batch_size)
-    return [(dataset.train_batch(i), min(dataset.batch_size, rows - i * dataset.batch_size))
+    return [(get(i), min(dataset.batch_size, rows - i * dataset.batch_size))
             for i in range(count)]
 
 
@@ -57,15 +59,15 @@ def _criteo_lines(batch: ClickBatch, rows: int, seed: int, step: int) -> list[st
             for i in range(rows)]
 
 
-def _write_tsv(path: Path, rows: int, seed: int, *, gz: bool) -> None:
+def _write_tsv(path: Path, rows: int, seed: int, held_out: bool, *, gz: bool) -> None:
     dataset = clicks(seed, _CHUNK, vocab_sizes=_CRITEO_VOCAB, multi_hot={}, num_dense=13)
     with (gzip.open(path, "wt", encoding="ascii") if gz
           else open(path, "w", encoding="ascii")) as out:
-        for step, (batch, count) in enumerate(_batches(dataset, rows)):
+        for step, (batch, count) in enumerate(_batches(dataset, rows, held_out)):
             out.writelines(line + "\n" for line in _criteo_lines(batch, count, seed, step))
 
 
-def _write_parquet(path: Path, rows: int, seed: int) -> None:
+def _write_parquet(path: Path, rows: int, seed: int, held_out: bool) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -75,7 +77,7 @@ def _write_parquet(path: Path, rows: int, seed: int) -> None:
                          for f in dataset.features]}
     writer = None
     try:
-        for batch, count in _batches(dataset, rows):
+        for batch, count in _batches(dataset, rows, held_out):
             columns = {"label": pa.array(batch.labels[:count].astype(np.int8))}
             for j, name in enumerate(schema["dense"]):
                 columns[name] = pa.array(batch.dense[:count, j])
@@ -97,11 +99,14 @@ def _write_parquet(path: Path, rows: int, seed: int) -> None:
 
 
 def write_sample(directory: str | os.PathLike[str], kind: SampleFormat, *, rows: int = 10_000,
-                 seed: int = 0, batch_size: int = 1024) -> Path:
+                 seed: int = 0, batch_size: int = 1024, held_out: bool = False) -> Path:
     """Write `rows` synthetic click rows as `kind` into `directory`; returns the path.
 
     The file names are `SAMPLE_FILES[kind]`; an earlier sample there is replaced.
-    `batch_size` is the batch of `npz` click files (which need >= 2 batches).
+    `batch_size` is the batch of `npz` click files (which need >= 2 batches; they
+    hold their own held-out batches). `held_out`: rows of the same hidden model
+    that the sample without it never holds (for `--eval-data`; TSV and Parquet).
+    The same `seed` gives the same hidden model: another seed, another one.
     """
     if kind not in get_args(SampleFormat):
         raise ValueError(f"write_sample: unknown format {kind!r}; use one of "
@@ -109,6 +114,9 @@ def write_sample(directory: str | os.PathLike[str], kind: SampleFormat, *, rows:
     if rows < 1 or batch_size < 1:
         raise ValueError(f"write_sample: rows and batch_size must be >= 1, got {rows=}, "
                          f"{batch_size=}.")
+    if held_out and kind == "npz":
+        raise ValueError("write_sample: npz click files hold their own held-out batches; "
+                         "held_out is for TSV and Parquet.")
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     target = root / SAMPLE_FILES[kind]
@@ -117,17 +125,17 @@ def write_sample(directory: str | os.PathLike[str], kind: SampleFormat, *, rows:
         if batches < 2:
             raise ValueError(f"write_sample: npz needs rows >= 2 x batch_size (one training "
                              f"and one held-out batch), got {rows=}, {batch_size=}.")
-        held_out = max(1, batches // 5)
+        evals = max(1, batches // 5)
         for old in [*target.glob("train/*.npz"), *target.glob("eval/*.npz")]:
             old.unlink()  # an earlier, larger sample's batches must not stay in the cycle
-        return write_click_files(target, clicks(seed, batch_size), train_batches=batches - held_out,
-                                 eval_batches=held_out)
+        return write_click_files(target, clicks(seed, batch_size), train_batches=batches - evals,
+                                 eval_batches=evals)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         if kind == "parquet":
-            _write_parquet(tmp, rows, seed)
+            _write_parquet(tmp, rows, seed, held_out)
         else:
-            _write_tsv(tmp, rows, seed, gz=kind == "criteo-tsv-gz")
+            _write_tsv(tmp, rows, seed, held_out, gz=kind == "criteo-tsv-gz")
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
