@@ -4,6 +4,7 @@ streaming, and random access by step (threads, pickled copies, epochs)."""
 from __future__ import annotations
 
 import gzip
+import io
 import math
 import pickle
 import random
@@ -209,3 +210,19 @@ def test_input_worker_processes_get_the_batches_of_their_steps(sample: Path) -> 
             got, want = batches.take(step), source.train_batch(step)
             np.testing.assert_array_equal(got.labels, want.labels)
             np.testing.assert_array_equal(got.dense, want.dense)
+
+
+def test_long_reads_report_progress_quietly() -> None:
+    from tilecore.data._progress import ReadProgress
+
+    log = io.StringIO()  # not a terminal: a line now and then, never a redraw
+    progress = ReadProgress("clicks.tsv", stream=log, after_s=0.0, every_s=3600.0)
+    progress.start()
+    for done in range(0, 100, 10):
+        progress.update(done, 100, "batch 7")
+    progress.finish()
+    assert log.getvalue() == "reading clicks.tsv:   0.0% of the file, to batch 7\n"
+    quiet = ReadProgress("clicks.tsv", stream=log)  # the default waits 2 s before a word
+    quiet.start()
+    quiet.update(50, 100, "batch 7")
+    assert log.getvalue().count("\n") == 1
