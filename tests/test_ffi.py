@@ -383,5 +383,8 @@ def test_handler_cache_key_covers_the_helpers_a_kernel_calls() -> None:
     sources = "\n".join(_ffi._kernel_sources(_kernels._row_gradients_buffers_kernel))
     for helper in (_kernels._buffer_entries, _kernels.entry_in_range, _kernels._aggregate):
         assert inspect.getsource(helper.py_func) in sources
-    minibatched = "\n".join(_ffi._kernel_sources(_kernels._lookup_buffers_kernel))
-    assert "def lookup_minibatched_buffers" in minibatched  # every sibling module
+    from tilecore.ops.cpu import _segments
+    from tilecore.preprocessing import _packed
+
+    assert inspect.getsource(_segments.next_row.py_func) in sources  # every sibling module
+    assert inspect.getsource(_packed.run_bounds.py_func) in sources  # and the layout's reader

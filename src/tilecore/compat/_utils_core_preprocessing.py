@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import specs as native
 from ..preprocessing import PreprocessedBatch, Ragged, preprocess
-from ..preprocessing._kernels import FILLER_ID
+from ..preprocessing._packed import FILLER_ID
 from ..stacking import plan_stacking, round_up
 
 _NAME = "feature"

@@ -27,6 +27,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ..preprocessing._packed import ALIGNMENT, align_up
 from ._layout import StackLayout
 from ._routing import Entries
 
@@ -44,7 +45,7 @@ def check_sizes(row_pointers: jax.Array, embedding_ids: jax.Array, layout: Stack
             f"{layout.sc_per_device} = {expected} entries; got {row_pointers.shape[0]}. "
             "Preprocess with the same plan (plan.config.enable_minibatching) the ops get."
         )
-    if embedding_ids.shape[0] < 8:
+    if embedding_ids.shape[0] < ALIGNMENT:
         raise ValueError(
             f"Stack {layout.name!r}: a device's COO buffer holds {embedding_ids.shape[0]} "
             "entries; the minibatched layout needs at least 8."
@@ -59,7 +60,7 @@ def block_bounds(row_pointers: jax.Array, layout: StackLayout, minibatch: jax.Ar
     ends = row_pointers[blocks[:, None] * p + jnp.arange(n, dtype=jnp.int32)]
     before = jnp.where(blocks > 0, row_pointers[jnp.maximum(blocks * p - p + n - 1, 0)], 0)
     previous = jnp.concatenate([before[:, None], ends[:, :-1]], axis=1)
-    return (previous + 7) // 8 * 8, ends
+    return align_up(previous), ends
 
 
 def minibatch_windows(row_pointers: jax.Array, embedding_ids: jax.Array, sample_ids: jax.Array,
@@ -110,20 +111,20 @@ def buffer_entries(row_pointers: jax.Array, embedding_ids: jax.Array, sample_ids
     """
     p, n, s = layout.pointers_per_sc, layout.num_partitions, layout.sc_per_device
     size = embedding_ids.shape[0]
-    groups = -(-size // 8)
+    groups = -(-size // ALIGNMENT)
     previous = jnp.concatenate([jnp.zeros((1,), row_pointers.dtype), row_pointers[:-1]])
-    first_group = jnp.clip((previous + 7) // 8, 0, groups)  # starts / 8
+    first_group = jnp.clip(align_up(previous) // ALIGNMENT, 0, groups)  # starts / 8
     hits = jnp.zeros((groups + 1,), jnp.int32).at[first_group].add(1)
     pointer = jnp.cumsum(hits)[:groups] - 1  # [groups]: the range each group lies in
     end = row_pointers[pointer]
     block, partition = pointer // p, pointer % p
     source = block // num_minibatches
     real = (partition < n) & (source < s)
-    position = jnp.arange(groups * 8, dtype=end.dtype).reshape(groups, 8)
+    position = jnp.arange(groups * ALIGNMENT, dtype=end.dtype).reshape(groups, ALIGNMENT)
     valid = (real[:, None] & (position < end[:, None])).reshape(-1)[:size]
 
     def per_entry(x: jax.Array) -> jax.Array:
-        return jnp.broadcast_to(x[:, None], (groups, 8)).reshape(-1)[:size]
+        return jnp.broadcast_to(x[:, None], (groups, ALIGNMENT)).reshape(-1)[:size]
 
     entries = Entries(embedding_ids, sample_ids, jnp.where(valid, gains, 0.0),
                       per_entry(jnp.minimum(partition, n - 1).astype(jnp.int32)), valid)

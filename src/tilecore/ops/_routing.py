@@ -14,6 +14,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from ..preprocessing._packed import align_up
 from ._layout import StackLayout
 
 
@@ -32,7 +33,7 @@ def slot_entries(row_pointers: jax.Array, embedding_ids: jax.Array, sample_ids: 
     """One device's buffers as `[S, slot]` entries tagged with partition and validity."""
     s, n = layout.sc_per_device, layout.num_partitions
     ends = row_pointers.reshape(s, layout.pointers_per_sc)[:, :n]
-    starts = jnp.concatenate([jnp.zeros((s, 1), ends.dtype), (ends[:, :-1] + 7) // 8 * 8], 1)
+    starts = jnp.concatenate([jnp.zeros((s, 1), ends.dtype), align_up(ends[:, :-1])], 1)
     position = jnp.arange(layout.slot, dtype=ends.dtype)
     partition = jax.vmap(lambda e: jnp.searchsorted(e, position, side="right"))(ends)
     clipped = jnp.minimum(partition, n - 1)
@@ -48,7 +49,7 @@ def windows_by_device(entries: Entries, row_pointers: jax.Array, layout: StackLa
     """`[G, S, capacity]` entries: for each destination device, each SparseCore's window."""
     s, g, k = layout.sc_per_device, layout.num_devices, layout.capacity
     ends = row_pointers.reshape(s, layout.pointers_per_sc)[:, : layout.num_partitions]
-    starts = jnp.concatenate([jnp.zeros((s, 1), ends.dtype), (ends[:, :-1] + 7) // 8 * 8], 1)
+    starts = jnp.concatenate([jnp.zeros((s, 1), ends.dtype), align_up(ends[:, :-1])], 1)
     first = jnp.minimum(starts[:, ::s], layout.slot - k)  # [S, G]
     index = first[:, :, None] + jnp.arange(k, dtype=first.dtype)  # [S, G, K]
     flat = index.reshape(s, g * k)

@@ -16,9 +16,10 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from ._packed import aligned, fill
+
 SUM, MEAN, SQRTN = 0, 1, 2
 SAMPLE_BITS = 26
-FILLER_ID = np.int32(2**31 - 1)
 
 # Error codes returned by `stage` (the offending position is returned beside).
 OK, BAD_WEIGHT, ZERO_WEIGHT_SUM = 0, 2, 3
@@ -193,7 +194,6 @@ def emit(entries, gains, has_weights, sample_gains, combiner, rowbits, num_parti
     """
     n = entries.shape[0]
     slot = eids.shape[0]
-    nan = np.float32(np.nan)
     sample_mask = np.uint64((1 << SAMPLE_BITS) - 1)
     sb = np.uint64(SAMPLE_BITS)
     row_mask = np.uint64((1 << rowbits) - 1)
@@ -204,11 +204,8 @@ def emit(entries, gains, has_weights, sample_gains, combiner, rowbits, num_parti
     dropped = 0
     overflow = 0
     for p in range(num_partitions):
-        start = (pos + 7) & ~7
-        for j in range(pos, min(start, slot)):
-            eids[j] = FILLER_ID
-            sids[j] = FILLER_ID
-            out_gains[j] = nan
+        start = aligned(pos)
+        fill(eids, sids, out_gains, pos, start)
         pos = start
         ids = 0
         uniq = 0
@@ -247,13 +244,11 @@ def emit(entries, gains, has_weights, sample_gains, combiner, rowbits, num_parti
                 pos += 1
         ids_out[p] = ids
         unique_out[p] = uniq
-        required += (ids + 7) & ~7
+        required += aligned(ids)
         row_pointers[p] = pos
-    end = min((pos + 7) & ~7, slot)
+    end = min(aligned(pos), slot)
     for p in range(num_partitions, row_pointers.shape[0]):
         row_pointers[p] = end
-    for j in range(pos, pos if speculative else slot):
-        eids[j] = FILLER_ID
-        sids[j] = FILLER_ID
-        out_gains[j] = nan
+    if not speculative:
+        fill(eids, sids, out_gains, pos, slot)
     return required, dropped, overflow

@@ -41,7 +41,7 @@ class FeatureLayout:
 
 
 @dataclasses.dataclass(frozen=True)
-class StackLayout:
+class StackPreprocessing:
     """One stack's features in sample order, sort parameters and buffer shapes."""
 
     stack: StackSpec
@@ -66,7 +66,7 @@ class PlanLayout:
       max_ids: an upper bound on the IDs of one batch (it sets the default threads).
       stack_features: stack name → its features in sample order.
 
-    A stack's `StackLayout` is built when first asked for (after the stack's
+    A stack's `StackPreprocessing` is built when first asked for (after the stack's
     inputs were converted), so a stack the plan cannot preprocess raises at the
     same point of every call: after any error in the inputs before it.
     """
@@ -76,10 +76,10 @@ class PlanLayout:
         self.max_ids = sum(self.local_rows[name] * math.prod(f.input_shape[1:])
                            for name, f in plan.features.items())
         self.stack_features = {name: plan.stack_features(name) for name in plan.stacks}
-        self._stacks: dict[str, StackLayout] = {}
+        self._stacks: dict[str, StackPreprocessing] = {}
         self._signature: Signature | None = None
 
-    def stack(self, plan: StackingPlan, name: str) -> StackLayout:
+    def stack(self, plan: StackingPlan, name: str) -> StackPreprocessing:
         """The layout of stack `name` of `plan` (the plan this layout was built from)."""
         layout = self._stacks.get(name)
         if layout is None:
@@ -130,7 +130,7 @@ def _local_rows(feature: FeatureSpec, plan: StackingPlan) -> int:
 
 
 def _stack_layout(plan: StackingPlan, stack: StackSpec, local_rows: dict[str, int]
-                  ) -> StackLayout:
+                  ) -> StackPreprocessing:
     topo = plan.topology
     n, s, local = topo.num_partitions, topo.sc_per_device, topo.num_local_devices
     features = []
@@ -154,7 +154,7 @@ def _stack_layout(plan: StackingPlan, stack: StackSpec, local_rows: dict[str, in
     minibatching = plan.config.enable_minibatching
     coo = coo_buffer_size_per_device(stack, topo, enable_minibatching=minibatching)
     rows = row_pointers_size_per_device(topo, enable_minibatching=minibatching)
-    return StackLayout(
+    return StackPreprocessing(
         stack=stack, features=tuple(features), combiner=_COMBINER_CODES[stack.combiner],
         log2n=log2n, rowbits=rowbits, digit_bits=-(-total_bits // passes), passes=passes,
         samples_per_sc=samples_per_sc, slot=coo // s,

@@ -7,6 +7,7 @@ import numpy as np
 from ..specs import Topology
 from ..stacking import StackingPlan, StackSpec, round_up
 from ._errors import LimitExceededError
+from ._packed import ALIGNMENT, align_up, pointers_per_block
 from ._types import PreprocessStats
 
 MINIBATCHING_FACTOR = 64
@@ -21,7 +22,7 @@ def row_pointers_size_per_device(topology: Topology, *, enable_minibatching: boo
     reference system (blocks past the batch's minibatches repeat the last end).
     """
     factor = MINIBATCHING_FACTOR if enable_minibatching else 1
-    return max(topology.num_partitions, 8) * factor * topology.sc_per_device
+    return pointers_per_block(topology.num_partitions) * factor * topology.sc_per_device
 
 
 def coo_buffer_size_per_device(stack: StackSpec, topology: Topology, *,
@@ -36,9 +37,9 @@ def coo_buffer_size_per_device(stack: StackSpec, topology: Topology, *,
     """
     s, n = topology.sc_per_device, topology.num_partitions
     factor = MINIBATCHING_FACTOR if enable_minibatching else 1
-    theoretical = round_up(stack.max_ids_per_partition, 8) * s * n * factor
+    theoretical = align_up(stack.max_ids_per_partition) * s * n * factor
     suggested = stack.suggested_coo_buffer_size_per_device
-    size = theoretical if suggested is None else round_up(suggested, 8 * s)
+    size = theoretical if suggested is None else round_up(suggested, ALIGNMENT * s)
     if size >= 2**31:
         raise ValueError(
             f"Stack {stack.name!r}: its COO buffer would hold {size} entries per device, past "

@@ -20,7 +20,8 @@ import numpy as np
 
 from ._bucket_memo import memo_buckets
 from ._highway import NUM_BUCKETS
-from ._kernels import FILLER_ID, SAMPLE_BITS, SUM
+from ._kernels import SAMPLE_BITS, SUM
+from ._packed import aligned, fill
 
 _jit = numba.njit(nogil=True, cache=True, error_model="numpy")
 SPLIT_BITS = NUM_BUCKETS - 1
@@ -35,7 +36,6 @@ def compact(eids, sids, gains, row_pointers, starts, ends, block):
     8-aligned end of the previous one's; row pointers become absolute, gaps and
     the tail get filler and blocks past the last SparseCore repeat its end.
     """
-    nan = np.float32(np.nan)
     base = 0
     for sc in range(starts.shape[0]):
         src = starts[sc]
@@ -53,16 +53,10 @@ def compact(eids, sids, gains, row_pointers, starts, ends, block):
         if base:
             for j in range(sc * block, (sc + 1) * block):
                 row_pointers[j] += base
-        aligned = (base + end + 7) & ~7
-        for j in range(base + end, min(aligned, eids.shape[0])):
-            eids[j] = FILLER_ID
-            sids[j] = FILLER_ID
-            gains[j] = nan
-        base = aligned
-    for j in range(base, eids.shape[0]):
-        eids[j] = FILLER_ID
-        sids[j] = FILLER_ID
-        gains[j] = nan
+        next_base = aligned(base + end)
+        fill(eids, sids, gains, base + end, next_base)
+        base = next_base
+    fill(eids, sids, gains, base, eids.shape[0])
     for j in range(starts.shape[0] * block, row_pointers.shape[0]):
         row_pointers[j] = base
 
@@ -128,7 +122,7 @@ def unpack(eids, sids, gains, row_pointers, num_partitions, rowbits, out_entries
             out_entries[m] = ((prefix | np.uint64(eids[j])) << sb) | np.uint64(sids[j])
             out_gains[m] = gains[j]
             m += 1
-        start = (end + 7) & ~7
+        start = aligned(end)
     return m
 
 
@@ -263,30 +257,23 @@ def scatter_pack(entries, gains, buckets, mb_of_bucket, num_minibatches, rowbits
     Returns (end position, overflow (entries past the buffer)), as `pack` does.
     """
     capacity = eids.shape[0]
-    nan = np.float32(np.nan)
     n_part = ids_pb.shape[0]
     start = np.empty((n_part, NUM_BUCKETS), np.int64)
     pos = base
     for mb in range(num_minibatches):
         for p in range(n_part):
-            aligned = (pos + 7) & ~7
-            for j in range(pos, min(aligned, capacity)):
-                eids[j] = FILLER_ID
-                sids[j] = FILLER_ID
-                out_gains[j] = nan
-            pos = aligned
+            start_p = aligned(pos)
+            fill(eids, sids, out_gains, pos, start_p)
+            pos = start_p
             for b in range(NUM_BUCKETS):
                 if mb_of_bucket[b] == mb:
                     start[p, b] = pos
                     pos += ids_pb[p, b]
             row_pointers[mb * block + p] = min(pos, capacity)
-        end = min((pos + 7) & ~7, capacity)
+        end = min(aligned(pos), capacity)
         for p in range(n_part, block):
             row_pointers[mb * block + p] = end
-    for j in range(pos, min((pos + 7) & ~7, capacity)):
-        eids[j] = FILLER_ID
-        sids[j] = FILLER_ID
-        out_gains[j] = nan
+    fill(eids, sids, out_gains, pos, aligned(pos))
     sb = np.uint64(SAMPLE_BITS)
     sample_mask = np.uint64((1 << SAMPLE_BITS) - 1)
     row_mask = np.uint64((1 << rowbits) - 1)
@@ -321,7 +308,6 @@ def pack(entries, gains, raw, seg_counts, rowbits, max_ids, max_unique, base, wr
     (end position, dropped raw occurrences, overflow (merged entries past the buffer)).
     """
     capacity = eids.shape[0]
-    nan = np.float32(np.nan)
     sb = np.uint64(SAMPLE_BITS)
     sample_mask = np.uint64((1 << SAMPLE_BITS) - 1)
     row_mask = np.uint64((1 << rowbits) - 1)
@@ -332,12 +318,9 @@ def pack(entries, gains, raw, seg_counts, rowbits, max_ids, max_unique, base, wr
     overflow = 0
     for mb in range(num_mb):
         for p in range(n_part):
-            start = (pos + 7) & ~7
+            start = aligned(pos)
             if write:
-                for j in range(pos, min(start, capacity)):
-                    eids[j] = FILLER_ID
-                    sids[j] = FILLER_ID
-                    out_gains[j] = nan
+                fill(eids, sids, out_gains, pos, start)
             pos = start
             uniq = 0
             last_key = np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -362,12 +345,9 @@ def pack(entries, gains, raw, seg_counts, rowbits, max_ids, max_unique, base, wr
             if write:
                 row_pointers[mb * block + p] = min(pos, capacity)
         if write:
-            end = min((pos + 7) & ~7, capacity)
+            end = min(aligned(pos), capacity)
             for p in range(n_part, block):
                 row_pointers[mb * block + p] = end
     if write:
-        for j in range(pos, min((pos + 7) & ~7, capacity)):
-            eids[j] = FILLER_ID
-            sids[j] = FILLER_ID
-            out_gains[j] = nan
+        fill(eids, sids, out_gains, pos, aligned(pos))
     return pos, dropped, overflow

@@ -29,7 +29,7 @@ from ._bucket_memo import bucket_memo
 from ._buffers import allocate
 from ._errors import LimitExceededError, PeerPreprocessingError
 from ._highway import NUM_BUCKETS, bucket_state
-from ._kernels import FILLER_ID
+from ._packed import FILLER_GAIN, FILLER_ID, align_up
 from ._scratch import scratch
 from ._types import PreprocessStats, StackBuffers
 
@@ -320,7 +320,7 @@ def _size(task: tuple[StackPacking, int], seg: _Segments, num_mb: int, sc_per_de
     if not seg.within_limits:
         return _pack(task, seg, num_mb, sc_per_device, 0, False)
     counts = seg.counts.reshape(-1)
-    end = int(((counts[:-1] + 7) & ~7).sum() + counts[-1]) if counts.size else 0
+    end = int(align_up(counts[:-1]).sum() + counts[-1]) if counts.size else 0
     return end, 0, 0
 
 
@@ -353,7 +353,7 @@ def _bases(tasks: Sequence[tuple[StackPacking, int]], sizes: Sequence[tuple[int,
         if index % sc_per_device == 0:
             base = 0
         bases.append(base)
-        base = (base + size + 7) & ~7
+        base = align_up(base + size)
     return bases
 
 
@@ -367,8 +367,8 @@ def _fill_tails(stack: StackPacking, ends: dict[tuple[str, int], int], num_mb: i
         end = min(ends[stack.name, device], capacity)
         b.embedding_ids[device, end:] = FILLER_ID
         b.sample_ids[device, end:] = FILLER_ID
-        b.gains[device, end:] = np.nan
-        b.row_pointers[device, used_rows:] = min((end + 7) & ~7, capacity)
+        b.gains[device, end:] = FILLER_GAIN
+        b.row_pointers[device, used_rows:] = min(align_up(end), capacity)
 
 
 def _check_single_buckets(

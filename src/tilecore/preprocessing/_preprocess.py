@@ -18,9 +18,10 @@ from ._buffers import allocate
 from ._errors import IdDroppingWarning
 from ._highway import NUM_BUCKETS
 from ._inputs import Csr, check_feature_names, to_csr
-from ._layout import PlanLayout, StackLayout, plan_layout
+from ._layout import PlanLayout, StackPreprocessing, plan_layout
 from ._limits import check_limits, coo_buffer_size_per_device
 from ._minibatching import Sorted, StackPacking, keep_sorted, pack_minibatches
+from ._packed import align_up
 from ._scratch import scratch
 from ._threads import pool, resolve_num_threads
 from ._types import PreprocessedBatch, PreprocessStats, Ragged, StackBuffers
@@ -38,7 +39,7 @@ class _StackJob:
     """One stack's share of this batch: the plan's layout of it, this batch's inputs,
     and the arrays its tasks (one per local SparseCore) write."""
 
-    layout: StackLayout
+    layout: StackPreprocessing
     csrs: tuple[Csr, ...]
     """The inputs of `layout.features`, in that order."""
     weighted: bool
@@ -61,7 +62,7 @@ class _TaskResult:
     sorted: Sorted | None = None
 
 
-def _make_job(layout: StackLayout, csrs: tuple[Csr, ...], topology: Topology,
+def _make_job(layout: StackPreprocessing, csrs: tuple[Csr, ...], topology: Topology,
               minibatching: bool) -> _StackJob:
     rows, eids, sids, gains = allocate(layout.buffers)
     local, s = topology.num_local_devices, topology.sc_per_device
@@ -134,18 +135,18 @@ def _run_task(job: _StackJob, device: int, sc: int, num_partitions: int, sc_per_
     if job.minibatching:
         end = int(row_pointers[n - 1]) if n else 0
         if packed and required >= 0 and not overflow:
-            job.packed_ends[device, sc] = (start + end + 7) & ~7
+            job.packed_ends[device, sc] = align_up(start + end)
         sorted_entries = keep_sorted(
             entries=entries, gains=gains, weighted=weighted, sample_gains=sample_gains,
             combiner=layout.combiner, rowbits=layout.rowbits, ids=ids, unique=unique,
             start=start, end=end, fits_slot=not overflow, exceeded=required < 0)
         if required < 0:
-            required = int(((ids + 7) & ~7).sum())
+            required = int(align_up(ids).sum())
         return _TaskResult(None, int(required), sorted=sorted_entries)
     return _TaskResult(None, int(required), int(dropped), int(overflow))
 
 
-def _sort_buffers(layout: StackLayout, total: int, weighted: bool) -> list[np.ndarray]:
+def _sort_buffers(layout: StackPreprocessing, total: int, weighted: bool) -> list[np.ndarray]:
     """(entries, gains, sample_gains, entries2, gains2): the radix sort's ping-pong
     arrays, per-thread scratch (cache-warm: every task of the thread reuses them).
     With minibatching, what pass 2 may need of them is kept by `keep_sorted`."""

@@ -1,6 +1,6 @@
 """Feature and table stacking: plans that place tables and features in stacks."""
 
-from ._build import StackLimits as StackLimits
+from ._build import LimitsForStack as LimitsForStack
 from ._build import padded_dim as padded_dim
 from ._build import padded_vocab as padded_vocab
 from ._build import stack_name_for as stack_name_for
@@ -21,7 +21,7 @@ from ._transform import transform_ids as transform_ids
 
 __all__ = [
     "FeatureSetting",
-    "StackLimits",
+    "LimitsForStack",
     "StackMemory",
     "StackSpec",
     "StackingPlan",

@@ -9,8 +9,10 @@ from ..specs import FeatureSpec, TableSpec, Topology
 from ._checks import check_stack_limits
 from ._plan import FeatureSetting, StackSpec, TableSetting, round_up
 
-StackLimits = Callable[[str, int], tuple[int, int]]
-"""`(stack_name, total_sample_count) -> (max_ids_per_partition, max_unique_ids_per_partition)`."""
+LimitsForStack = Callable[[str, int], tuple[int, int]]
+"""The limits a stack gets when it is built: `(stack_name, total_sample_count) ->
+(max_ids_per_partition, max_unique_ids_per_partition)` (the tuned limits of a built
+stack are `tilecore.fdo.StackLimits`)."""
 
 MAX_STACK_NAME_LENGTH = 50
 
@@ -72,7 +74,7 @@ def build_stack(
     topology: Topology,
     *,
     rotation: int | None = None,
-    stack_limits: StackLimits | None = None,
+    stack_limits: LimitsForStack | None = None,
     fail_on_excess_padding: bool = False,
 ) -> tuple[StackSpec, dict[str, TableSetting], dict[str, FeatureSetting]]:
     """Stack `tables` (in this order) with their features placed in `feature_order`.

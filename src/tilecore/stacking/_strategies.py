@@ -13,7 +13,7 @@ from ..specs import (
     TableSpec,
     Topology,
 )
-from ._build import StackLimits, build_stack, padded_dim, stack_name_for
+from ._build import LimitsForStack, build_stack, padded_dim, stack_name_for
 from ._plan import FeatureSetting, StackingPlan, StackSpec, TableSetting
 
 Features = Sequence[FeatureSpec] | Mapping[str, FeatureSpec]
@@ -124,7 +124,7 @@ def stack_tables(
     *,
     stack_names: Sequence[str] | None = None,
     rotation: int | None = None,
-    stack_limits: StackLimits | None = None,
+    stack_limits: LimitsForStack | None = None,
     fail_on_excess_padding: bool = False,
     use_short_stack_names: bool = True,
     config: SparseCoreConfig | None = None,
@@ -183,7 +183,7 @@ def auto_stack_tables(
     *,
     rotation: int | None = None,
     activation_mem_bytes_limit: int = DEFAULT_ACTIVATION_MEM_BYTES_LIMIT,
-    stack_limits: StackLimits | None = None,
+    stack_limits: LimitsForStack | None = None,
     use_short_stack_names: bool = True,
     config: SparseCoreConfig | None = None,
 ) -> StackingPlan:

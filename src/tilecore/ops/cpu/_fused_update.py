@@ -32,6 +32,7 @@ import numba
 import numpy as np
 
 from ...optimizers import update_rule
+from ...preprocessing import _packed
 from ...specs import OptimizerSpec
 from .._layout import StackLayout
 from .._variables import EmbeddingVariables
@@ -61,7 +62,7 @@ def update_buffers(layout, which, row_pointers, embedding_ids, sample_ids, gains
                    hi, {ins}, {outs}):
     n, rows_per_shard, samples = layout[0], layout[3], layout[4]
 {copies}
-    bounds = _segments.run_bounds(layout, which, row_pointers, embedding_ids.shape[0])
+    bounds = _packed.run_bounds(layout, which, row_pointers, embedding_ids.shape[0])
     acc = np.empty(out_table.shape[1], np.float32)
     for p in range(n):
         base = p * rows_per_shard
@@ -109,7 +110,8 @@ def _module_source(rule: RuleSource, cached: bool) -> str:
         f"    if {o}.ctypes.data != {i}.ctypes.data:\n        {o}[:] = {i}"
         for i, o in zip(ins.split(", "), outs.split(", "), strict=True))
     return (
-        "import numba\nimport numpy as np\n\nfrom tilecore.ops.cpu import _kernels, _segments\n\n"
+        "import numba\nimport numpy as np\n\nfrom tilecore.ops.cpu import _kernels, _segments\n"
+        "from tilecore.preprocessing import _packed\n\n"
         + rule.source
         + _TEMPLATE.format(
             cache=cached, ins=ins, outs=outs, hypers=hypers, copies=copies,
@@ -131,7 +133,8 @@ class FusedKernels:
 
 
 def _fingerprint(text: str) -> str:
-    here = [inspect.getsource(m) for m in (_segments, _kernels, sys.modules[__name__])]
+    here = [inspect.getsource(m) for m in (_segments, _kernels, _packed,
+                                           sys.modules[__name__])]
     payload = "\0".join([text, *here, numba.__version__, jax.__version__])
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
@@ -229,11 +232,8 @@ def fused_update_buffers(kernels: FusedKernels, flat: Any, grads: jax.Array,
     """One device's variables after the fused update from its own buffers (`which` =
     [minibatch, minibatches])."""
     hf, hi = _hyper_operands(spec, step, clip)
-    layout_array = np.array([layout.num_partitions, layout.sc_per_device, layout.pointers_per_sc,
-                             layout.rows_per_shard, layout.samples_per_sc,
-                             int(layout.minibatched)], np.int32)
     arrays = (variables.table, *variables.slots)
-    out = kernels.update_buffers(layout_array, which, *flat, grads, hf, hi, *arrays,
+    out = kernels.update_buffers(_kernels.layout_array(layout), which, *flat, grads, hf, hi, *arrays,
                                  results=_shapes(variables),
                                  input_output_aliases=_aliases(9, variables))
     return _variables(out)

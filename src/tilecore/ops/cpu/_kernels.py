@@ -8,9 +8,11 @@ ops call them (this wing) or the pure-XLA wing.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numba
 import numpy as np
 
+from ...preprocessing._packed import run_bounds
 from .._backend import FlatBuffers
 from .._layout import StackLayout
 from ._ffi import register_kernel
@@ -121,63 +123,61 @@ def entry_in_range(embedding_id, sample_id, rows_per_shard, samples):
 
 
 @_jit
-def _buffer_entries(layout, row_pointers, embedding_ids, sample_ids):
-    """(table row, sample) of every pointed-to entry of one device's buffers (−1 elsewhere).
-
-    `layout` = [N, S, pointers per SparseCore, rows per shard, samples per SparseCore]:
-    a single device owns every partition, so no routing is needed.
-    """
-    n, s_count, per_sc, rows_per_shard, samples = (layout[0], layout[1], layout[2], layout[3],
-                                                   layout[4])
-    size = embedding_ids.shape[0]
-    slot = size // s_count
-    rows = np.full(size, -1, np.int32)
-    smp = np.zeros(size, np.int32)
-    for s in range(s_count):
-        previous = 0
-        for p in range(n):
-            end = row_pointers[s * per_sc + p]
-            start = max((previous + 7) & ~7, 0)
-            previous = end
-            for j in range(s * slot + start, s * slot + min(end, slot)):
-                if entry_in_range(embedding_ids[j], sample_ids[j], rows_per_shard, samples):
-                    rows[j] = p * rows_per_shard + embedding_ids[j]
-                    smp[j] = s * samples + sample_ids[j]
-    return rows, smp
-
-
-@_jit
-def _lookup_buffers_kernel(layout, row_pointers, embedding_ids, sample_ids, gains, table, out):
-    """One device's pooled activations straight from its packed buffers."""
-    n, s_count, per_sc, rows_per_shard, samples = (layout[0], layout[1], layout[2], layout[3],
-                                                   layout[4])
+def _lookup_buffers_kernel(layout, which, row_pointers, embedding_ids, sample_ids, gains, table,
+                           out):
+    """One device's pooled activations straight from its packed buffers, summed over the
+    `which[1]` minibatches of minibatched buffers (a plain layout has one pass)."""
+    rows_per_shard, samples = layout[3], layout[4]
     dim = table.shape[1]
-    slot = embedding_ids.shape[0] // s_count
     out[:] = 0.0
-    for s in range(s_count):
-        previous = 0
-        for p in range(n):
-            end = row_pointers[s * per_sc + p]
-            start = max((previous + 7) & ~7, 0)
-            previous = end
-            base = p * rows_per_shard
-            for j in range(s * slot + start, s * slot + min(end, slot)):
-                if not entry_in_range(embedding_ids[j], sample_ids[j], rows_per_shard,
-                                      samples):
-                    continue
-                r = base + embedding_ids[j]
-                o = s * samples + sample_ids[j]
-                g = gains[j]
-                for d in range(dim):
-                    out[o, d] += g * table[r, d]
+    passes = max(which[1], 1) if layout[5] else 1
+    for minibatch in range(passes):
+        bounds = run_bounds(layout, np.array([minibatch, passes], np.int32), row_pointers,
+                            embedding_ids.shape[0])
+        for s in range(bounds.shape[0]):
+            for p in range(bounds.shape[1]):
+                base = p * rows_per_shard
+                for j in range(bounds[s, p, 0], bounds[s, p, 1]):
+                    if not entry_in_range(embedding_ids[j], sample_ids[j], rows_per_shard,
+                                          samples):
+                        continue
+                    r = base + embedding_ids[j]
+                    o = s * samples + sample_ids[j]
+                    g = gains[j]
+                    for d in range(dim):
+                        out[o, d] += g * table[r, d]
     return 0
 
 
 @_jit
-def _row_gradients_buffers_kernel(layout, row_pointers, embedding_ids, sample_ids, gains, grads,
-                                  unique, sums, distinct):
-    rows, samples = _buffer_entries(layout, row_pointers, embedding_ids, sample_ids)
-    return _aggregate(rows, samples, gains, grads, unique, sums, distinct)
+def _buffer_entries(layout, which, row_pointers, embedding_ids, sample_ids, gains, capacity):
+    """(table row, gradient row, gain) of one pass's in-range entries, at most `capacity`
+    (the rest −1): a plain layout's whole buffer, or minibatch `which[0]` of `which[1]`."""
+    rows_per_shard, samples = layout[3], layout[4]
+    rows = np.full(capacity, -1, np.int32)
+    smp = np.zeros(capacity, np.int32)
+    gns = np.zeros(capacity, np.float32)
+    bounds = run_bounds(layout, which, row_pointers, embedding_ids.shape[0])
+    used = 0
+    for s in range(bounds.shape[0]):
+        for p in range(bounds.shape[1]):
+            for j in range(bounds[s, p, 0], bounds[s, p, 1]):
+                if used == capacity:
+                    return rows, smp, gns
+                if entry_in_range(embedding_ids[j], sample_ids[j], rows_per_shard, samples):
+                    rows[used] = p * rows_per_shard + embedding_ids[j]
+                    smp[used] = s * samples + sample_ids[j]
+                    gns[used] = gains[j]
+                    used += 1
+    return rows, smp, gns
+
+
+@_jit
+def _row_gradients_buffers_kernel(layout, which, row_pointers, embedding_ids, sample_ids, gains,
+                                  grads, unique, sums, distinct):
+    rows, samples, entry_gains = _buffer_entries(layout, which, row_pointers, embedding_ids,
+                                                 sample_ids, gains, unique.shape[0])
+    return _aggregate(rows, samples, entry_gains, grads, unique, sums, distinct)
 
 
 _f32, _i32 = np.float32, np.int32
@@ -187,11 +187,11 @@ SCATTER_ROWS = register_kernel("tilecore_scatter_rows", _scatter_rows_kernel,
                                args=[(_f32, 2), (_i32, 1), (_f32, 2)], rets=[(_f32, 2)])
 LOOKUP_BUFFERS = register_kernel(
     "tilecore_lookup_buffers", _lookup_buffers_kernel,
-    args=[(_i32, 1), (_i32, 1), (_i32, 1), (_i32, 1), (_f32, 1), (_f32, 2)],
+    args=[(_i32, 1), (_i32, 1), (_i32, 1), (_i32, 1), (_i32, 1), (_f32, 1), (_f32, 2)],
     rets=[(_f32, 2)])
 ROW_GRADIENTS_BUFFERS = register_kernel(
     "tilecore_row_gradients_buffers", _row_gradients_buffers_kernel,
-    args=[(_i32, 1), (_i32, 1), (_i32, 1), (_i32, 1), (_f32, 1), (_f32, 2)],
+    args=[(_i32, 1), (_i32, 1), (_i32, 1), (_i32, 1), (_i32, 1), (_f32, 1), (_f32, 2)],
     rets=[(_i32, 1), (_f32, 2), (_i32, 1)])
 ROW_GRADIENTS = register_kernel("tilecore_row_gradients", _row_gradients_kernel,
                                 args=[(_i32, 1), (_i32, 1), (_f32, 1), (_f32, 2)],
@@ -224,24 +224,46 @@ def row_gradients(rows: jax.Array, samples: jax.Array, gains: jax.Array, grads: 
     return out[0], out[1], out[2][0]
 
 
-def _layout_array(layout: StackLayout) -> np.ndarray:
+def layout_array(layout: StackLayout) -> np.ndarray:
+    """The static layout operand every buffer kernel takes (see `_packed.run_bounds`)."""
     return np.array([layout.num_partitions, layout.sc_per_device, layout.pointers_per_sc,
-                     layout.rows_per_shard, layout.samples_per_sc], np.int32)
+                     layout.rows_per_shard, layout.samples_per_sc, int(layout.minibatched)],
+                    np.int32)
 
 
-def lookup_buffers(flat: FlatBuffers, table: jax.Array, layout: StackLayout) -> jax.Array:
-    """A single device's stacked activations, read straight from its packed buffers."""
+def passes(num_minibatches: jax.Array | int, minibatch: jax.Array | int = 0) -> jax.Array:
+    """The `which` operand: [minibatch, number of minibatches]."""
+    return jnp.stack([jnp.asarray(minibatch, jnp.int32),
+                      jnp.asarray(num_minibatches, jnp.int32)])
+
+
+def buffer_capacity(layout: StackLayout, buffer_size: int) -> int:
+    """Most entries one pass of one device can hold: every partition of every SparseCore
+    full (a minibatch), or the whole buffer (a plain layout)."""
+    if not layout.minibatched:
+        return buffer_size
+    return min(layout.sc_per_device * layout.num_partitions * layout.partition_span, buffer_size)
+
+
+def lookup_buffers(flat: FlatBuffers, table: jax.Array, layout: StackLayout,
+                   num_minibatches: jax.Array | int = 1) -> jax.Array:
+    """A single device's stacked activations, read straight from its packed buffers
+    (summed over every minibatch of minibatched ones)."""
     out = jax.ShapeDtypeStruct((layout.sc_per_device * layout.samples_per_sc, table.shape[1]),
                                np.float32)
-    return LOOKUP_BUFFERS(_layout_array(layout), *flat, table, results=[out])[0]
+    return LOOKUP_BUFFERS(layout_array(layout), passes(num_minibatches), *flat, table,
+                          results=[out])[0]
 
 
-def row_gradients_buffers(flat: FlatBuffers, grads: jax.Array, layout: StackLayout
+def row_gradients_buffers(flat: FlatBuffers, grads: jax.Array, layout: StackLayout,
+                          minibatch: jax.Array | int = 0, num_minibatches: jax.Array | int = 1
                           ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """`row_gradients` of a single device's packed buffers (no routing, no entry arrays)."""
-    n = flat[1].shape[0]
+    """`row_gradients` of one pass over a single device's packed buffers (no routing, no
+    entry arrays): the whole plain buffer, or one minibatch."""
+    n = buffer_capacity(layout, flat[1].shape[0])
     results = [jax.ShapeDtypeStruct((n,), np.int32),
                jax.ShapeDtypeStruct((n, grads.shape[1]), np.float32),
                jax.ShapeDtypeStruct((1,), np.int32)]
-    out = ROW_GRADIENTS_BUFFERS(_layout_array(layout), *flat, grads, results=results)
+    out = ROW_GRADIENTS_BUFFERS(layout_array(layout), passes(num_minibatches, minibatch), *flat,
+                                grads, results=results)
     return out[0], out[1], out[2][0]

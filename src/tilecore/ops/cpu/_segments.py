@@ -7,8 +7,9 @@ front to back. No sort, no scatter, no atomics; the row is finished (and its
 optimizer step can be applied) as soon as its last entry is read. These helpers
 find the runs, check that they are sorted (a batch built by hand may not be:
 the fused kernels then aggregate that partition by sorting it), and produce
-the rows one at a time. Like every kernel here they never raise: pointers are
-clipped to the buffer and entries outside their shard or SparseCore skipped.
+the rows one at a time. The runs come from `preprocessing._packed.run_bounds`
+(the layout's one reader). Like every kernel here they never raise: pointers
+are clipped to the buffer and entries outside their shard or SparseCore skipped.
 """
 
 from __future__ import annotations
@@ -19,45 +20,6 @@ import numpy as np
 from ._kernels import entry_in_range
 
 _jit = numba.njit(nogil=True, cache=True, error_model="numpy", boundscheck=False)
-
-
-@_jit
-def run_bounds(layout, which, row_pointers, size):
-    """`[S, N, 2]` start and stop of every (SparseCore, partition) run of one pass.
-
-    `layout` = [N, S, pointers per block, rows per shard, samples per SparseCore,
-    minibatched]; `which` = [minibatch, number of minibatches] (a plain layout
-    reads [0, 1]). Minibatched buffers hold `S·m` blocks of absolute pointers,
-    SparseCore `s`'s minibatch `k` in block `s·m + k`; plain buffers one block
-    per SparseCore, relative to its slot of `size // S` entries.
-    """
-    n, s_count, per_block = layout[0], layout[1], layout[2]
-    bounds = np.zeros((s_count, n, 2), np.int64)
-    blocks = row_pointers.shape[0] // per_block
-    if layout[5] == 0:
-        slot = size // s_count
-        for s in range(min(s_count, blocks)):
-            previous = 0
-            for p in range(n):
-                end = row_pointers[s * per_block + p]
-                start = max((previous + 7) & ~7, 0)
-                previous = end
-                bounds[s, p, 0] = s * slot + min(start, slot)
-                bounds[s, p, 1] = s * slot + max(min(end, slot), min(start, slot))
-        return bounds
-    minibatch, m = which[0], which[1]
-    for s in range(s_count):
-        k = s * m + minibatch
-        if k < 0 or k >= blocks:
-            continue
-        previous = row_pointers[k * per_block - per_block + n - 1] if k > 0 else 0
-        for p in range(n):
-            end = min(row_pointers[k * per_block + p], size)
-            start = min(max((previous + 7) & ~7, 0), size)
-            previous = end
-            bounds[s, p, 0] = start
-            bounds[s, p, 1] = max(end, start)
-    return bounds
 
 
 @_jit

@@ -17,11 +17,11 @@ from ._fused_update import fused_kernels, fused_update_buffers, fused_update_row
 from ._kernels import (
     gather_rows,
     lookup_buffers,
+    passes,
     row_gradients_buffers,
     scatter_rows,
 )
 from ._kernels import row_gradients as _row_gradients_kernel
-from ._minibatched import lookup_minibatched_buffers, minibatch_row_gradients_buffers
 
 _CHUNK = 4096
 
@@ -66,9 +66,7 @@ def apply_update(variables: EmbeddingVariables, rows: jax.Array, sums: jax.Array
 
 def _lookup_local(flat: FlatBuffers, table: jax.Array, layout: StackLayout,
                   num_minibatches: jax.Array) -> jax.Array:
-    if layout.minibatched:
-        return lookup_minibatched_buffers(flat, num_minibatches, table, layout)
-    return lookup_buffers(flat, table, layout)
+    return lookup_buffers(flat, table, layout, num_minibatches)
 
 
 def _update_local(flat: FlatBuffers, grads: jax.Array, variables: EmbeddingVariables,
@@ -82,12 +80,11 @@ def _update_local(flat: FlatBuffers, grads: jax.Array, variables: EmbeddingVaria
     if kernels is not None:
         if not layout.minibatched:
             return fused_update_buffers(kernels, flat, grads, variables, layout, spec, step,
-                                        clip, jnp.array([0, 1], jnp.int32))
+                                        clip, passes(1))
 
         def fused(minibatch: jax.Array, variables: EmbeddingVariables) -> EmbeddingVariables:
-            which = jnp.stack([minibatch, num_minibatches]).astype(jnp.int32)
             return fused_update_buffers(kernels, flat, grads, variables, layout, spec, step,
-                                        clip, which)
+                                        clip, passes(num_minibatches, minibatch))
 
         return jax.lax.fori_loop(0, num_minibatches, fused, variables)
     if not layout.minibatched:
@@ -95,8 +92,8 @@ def _update_local(flat: FlatBuffers, grads: jax.Array, variables: EmbeddingVaria
         return apply_update(variables, unique, sums, spec, step, clip, count)
 
     def body(minibatch: jax.Array, variables: EmbeddingVariables) -> EmbeddingVariables:
-        unique, sums, count = minibatch_row_gradients_buffers(flat, grads, layout, minibatch,
-                                                              num_minibatches)
+        unique, sums, count = row_gradients_buffers(flat, grads, layout, minibatch,
+                                                    num_minibatches)
         return apply_update(variables, unique, sums, spec, step, clip, count)
 
     return jax.lax.fori_loop(0, num_minibatches, body, variables)
