@@ -21,9 +21,9 @@ import warnings
 
 import tilecore as tc
 from tilecore import data
-from tilecore.cli._bench import _with_minibatching
-from tilecore.cli._common import calibrate, parse_topology
 from tilecore.preprocessing._bucket_memo import clear_bucket_memo
+from tilecore_apps._common import calibrate, parse_topology
+from tilecore_apps.bench._preprocess import _with_minibatching
 
 MODES = ("off", "on", "forced")
 

@@ -42,7 +42,7 @@ import numpy as np
 
 import tilecore as tc
 from tilecore import data
-from tilecore.cli._machine import machine_facts
+from tilecore_apps.bench import machine_facts
 
 INPUT_FORMS = ("object-array", "dense")
 

@@ -15,12 +15,12 @@ import pytest
 
 import tilecore as tc
 from tilecore import data, ops
-from tilecore.cli import main
-from tilecore.cli._bench_step import _argv
-from tilecore.cli._devices import with_device_count
-from tilecore.cli._fused import OPTIMIZERS, bench_features, fused_step, projections
-from tilecore.cli._main import build_parser
-from tilecore.cli._naive import naive_inputs, naive_optimizer, naive_step
+from tilecore_apps._devices import with_device_count
+from tilecore_apps.bench._fused import OPTIMIZERS, bench_features, fused_step, projections
+from tilecore_apps.bench._naive import naive_inputs, naive_optimizer, naive_step
+from tilecore_apps.bench._step import _argv
+from tilecore_apps.cli import main
+from tilecore_apps.cli._main import build_parser
 
 TINY = ["--batch-size", "64", "--max-vocab", "1000"]
 

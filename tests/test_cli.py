@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 import tilecore as tc
-from tilecore.cli import main
-from tilecore.cli._common import calibrate, parse_topology
 from tilecore.data import criteo
 from tilecore.preprocessing import NUM_THREADS_ENV
+from tilecore_apps._common import calibrate, parse_topology
+from tilecore_apps.cli import main
 
 TINY = ["--batch-size", "64"]
 

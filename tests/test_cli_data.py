@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tilecore import data
-from tilecore.cli import main
+from tilecore_apps.cli import main
 
 TINY = ["--steps", "2", "--eval-every", "2", "--sc-per-device", "2", "--embedding-dim", "4",
         "--eval-batches", "1", "--tune-batches", "1", "--no-pipelining", "--threads", "1",

@@ -10,10 +10,10 @@ import pytest
 
 import tilecore as tc
 from tilecore import data
-from tilecore.cli import main
-from tilecore.cli._common import calibrate
-from tilecore.cli._limits_scan import minibatches_needed, report, scan
 from tilecore.data import criteo, stacked
+from tilecore_apps._common import calibrate
+from tilecore_apps.cli import main
+from tilecore_apps.cli._limits_scan import minibatches_needed, report, scan
 
 TINY = ["--batch-size", "64", "--batches", "2"]
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tilecore import data
-from tilecore.training import auc
+from tilecore_apps.dlrm import auc
 
 SMALL = {"vocab_sizes": (50, 200, 300, 40), "multi_hot": {2: 4}}
 

@@ -197,7 +197,7 @@ def test_input_worker_processes_get_the_batches_of_their_steps(sample: Path) -> 
     """`train --input-processes`: each worker reads its own copy, skipping the others'
     steps; together they return what the source returns in order."""
     import tilecore as tc
-    from tilecore.training._workers import ProcessBatches
+    from tilecore_apps.dlrm import ProcessBatches
 
     source = data.open_click_data(sample, options(batch_size=40, vocab_sizes=(50,)))
     specs = [tc.FeatureSpec(name=f.name, input_shape=(40, 1), table=tc.TableSpec(

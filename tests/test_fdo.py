@@ -271,7 +271,7 @@ def test_tune_limits_rejects_bad_arguments(criteo: tuple[tc.StackingPlan, list])
 
 def test_one_headroom_rule_for_tune_limits_and_the_limits_command() -> None:
     """100 with 10 % headroom is 110 (not 111, the float product's ceiling) everywhere."""
-    from tilecore.cli._common import calibrate
+    from tilecore_apps._common import calibrate
 
     table = tc.TableSpec(name="t", vocab_size=1000, embedding_dim=8, max_ids_per_partition=100,
                          max_unique_ids_per_partition=50)

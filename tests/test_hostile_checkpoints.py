@@ -25,8 +25,9 @@ import pytest
 
 import tilecore as tc
 import tilecore.checkpoint as ck
-from tilecore import data, training
-from tilecore.cli import main
+from tilecore import data
+from tilecore_apps import dlrm as training
+from tilecore_apps.cli import main
 
 TINY_CLI = ["--batch-size", "64", "--vocab-sizes", "40,300,200,60", "--sc-per-device", "2",
             "--embedding-dim", "8", "--eval-batches", "1", "--tune-batches", "1",

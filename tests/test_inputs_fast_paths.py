@@ -22,10 +22,10 @@ from hypothesis import strategies as st
 
 import tilecore as tc
 from tilecore import data
-from tilecore.cli import main
-from tilecore.cli._bench import INPUT_FORMS, input_form
 from tilecore.compat._inputs import coo_to_ragged
 from tilecore.preprocessing import _inputs, _object_rows
+from tilecore_apps.bench._preprocess import INPUT_FORMS, input_form
+from tilecore_apps.cli import main
 
 TABLE = tc.TableSpec(name="tab", vocab_size=2000, embedding_dim=4)
 FEATURE = tc.FeatureSpec(name="feat", table=TABLE, input_shape=(8, 4))

@@ -23,15 +23,16 @@ OPTIONAL = {"pyarrow": "parquet", "hypothesis": "dev"}
 
 def _imported_distributions() -> set[str]:
     names: set[str] = set()
-    for path in (ROOT / "src" / "tilecore").rglob("*.py"):
-        if "_peers" in path.parts:  # scripts that a peer engine's own Python runs
+    for path in (ROOT / "src").rglob("*.py"):  # tilecore and tilecore_apps
+        if "peers" in path.parts:  # scripts that a peer engine's own Python runs
             continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 names.update(alias.name.split(".")[0] for alias in node.names)
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 names.add(node.module.split(".")[0])
-    third_party = names - set(sys.stdlib_module_names) - {"tilecore", "__future__"}
+    third_party = names - set(sys.stdlib_module_names) - {"tilecore", "tilecore_apps",
+                                                           "__future__"}
     return {DISTRIBUTIONS.get(name, name) for name in third_party}
 
 

@@ -21,9 +21,10 @@ import pytest
 
 import _input_worker_sources
 import tilecore as tc
-from tilecore import checkpoint, data, training
-from tilecore.cli import main
-from tilecore.training import _tables
+from tilecore import checkpoint, data
+from tilecore_apps import dlrm as training
+from tilecore_apps.cli import main
+from tilecore_apps.dlrm import _tables
 
 TINY = ["--batch-size", "64", "--vocab-sizes", "40,300,200,60", "--sc-per-device", "2",
         "--embedding-dim", "8", "--eval-batches", "1", "--tune-batches", "1", "--threads", "1"]
@@ -172,7 +173,7 @@ def test_runs_in_a_row_get_new_directories_and_resume_continues_the_newest(
 ) -> None:
     """The same command twice writes two runs; --resume then continues the newest for
     --steps more steps on another topology (converting its tables), plotting true steps."""
-    from tilecore.training import _plots
+    from tilecore_apps.dlrm import _plots
 
     monkeypatch.chdir(tmp_path)
     base = ["train", "--steps", "2", "--eval-every", "2", *TINY, "--no-pipelining"]
@@ -209,8 +210,8 @@ def test_runs_in_a_row_get_new_directories_and_resume_continues_the_newest(
 def test_child_process_command_line_reproduces_the_options() -> None:
     """With too few CPU devices, `train` runs itself again in a child process with the
     command line `_argv` rebuilds: it must parse back to the same options."""
-    from tilecore.cli import _train
-    from tilecore.cli._main import build_parser
+    from tilecore_apps.cli import _train
+    from tilecore_apps.cli._main import build_parser
 
     parser = build_parser()
     args = parser.parse_args(["train", *TINY, "--devices", "2", "--resume", "--steps", "7",
@@ -225,7 +226,7 @@ def test_child_process_command_line_reproduces_the_options() -> None:
 def test_run_directories_out_resume_and_overwrite(tmp_path: Path) -> None:
     """Where a run writes: new numbered runs, --out refused when it holds a run unless
     --resume or --overwrite, and --overwrite deletes only what a run writes."""
-    from tilecore.cli import _runs
+    from tilecore_apps.cli import _runs
 
     root = tmp_path / "runs"
     first = _runs.resolve(None, resume=True, overwrite=False, root=root)
@@ -269,7 +270,7 @@ def _tiny_config(**changes: object) -> training.TrainConfig:
 def test_non_finite_table_stops_training_naming_step_and_table(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from tilecore import ops
-    from tilecore.training import _loop
+    from tilecore_apps.dlrm import _loop
 
     def poisoned(plan: tc.StackingPlan, seed: int, **kwargs: object) -> dict:
         variables = _tables.init_variables(plan, seed, **kwargs)  # type: ignore[arg-type]
@@ -393,7 +394,7 @@ def test_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_two_devices_in_a_subprocess(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    code = "import sys; from tilecore.cli import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from tilecore_apps.cli import main; sys.exit(main(sys.argv[1:]))"
     argv = ["train", "--devices", "2", "--steps", "2", "--eval-every", "2", *TINY,
             "--out", str(tmp_path)]
     proc = subprocess.run([sys.executable, "-c", code, *argv], env=env, capture_output=True,

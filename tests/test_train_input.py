@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 import tilecore as tc
-from tilecore import data, training
-from tilecore.cli import main
+from tilecore import data
+from tilecore_apps import dlrm as training
+from tilecore_apps.cli import main
 
 
 def _source() -> data.ClickDataset:

@@ -18,7 +18,7 @@ from jax.sharding import Mesh
 
 RERUN_ENV = "TILECORE_BENCH_RERUN"
 _FLAG = re.compile(r"--xla_force_host_platform_device_count=\S*")
-_CHILD = "import sys; from tilecore.cli import main; sys.exit(main(sys.argv[1:]))"
+_CHILD = "import sys; from tilecore_apps.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
 def with_device_count(xla_flags: str, count: int) -> str:

@@ -1,9 +1,9 @@
 """`tilecore bench step --peer-python`: the same batches through FBGEMM, in the same run.
 
-The peer runs in its own Python (`tilecore/_peers/fbgemm_tbe.py`, a script that imports torch
-and fbgemm-gpu-cpu, never tilecore), on the IDs tilecore's step saw; this module
-writes them out, runs it, and reads its timings back. Also here: the machine's
-copy bandwidth, the yardstick for the forward pass's bytes per second.
+The peer runs in its own Python (`peers/fbgemm_tbe.py` beside this module, a script
+that imports torch and fbgemm-gpu-cpu, never tilecore), on the IDs tilecore's step
+saw; this module writes them out, runs it, and reads its timings back. Also here:
+the machine's copy bandwidth, the yardstick for the forward pass's bytes per second.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ PEER_WARMUP = 5
 """FBGEMM's first backward calls run several times slower than later ones (its own set-up):
 the peer warms up at least this many calls."""
 
-_SCRIPT = Path(__file__).parent.parent / "_peers" / "fbgemm_tbe.py"
+_SCRIPT = Path(__file__).parent / "peers" / "fbgemm_tbe.py"
 
 
 def check_peer(python: Path, optimizer: str) -> None:

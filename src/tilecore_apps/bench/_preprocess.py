@@ -16,8 +16,7 @@ import numpy as np
 import tilecore as tc
 from tilecore import data
 
-from . import _bench_step, _bench_train
-from ._common import (
+from .._common import (
     add_threads_option,
     add_workload_option,
     calibrate,
@@ -29,9 +28,7 @@ from ._machine import machine_facts
 from ._memory import PeakProbe
 
 
-def add_parser(subparsers: Any) -> None:
-    bench = subparsers.add_parser("bench", help="benchmarks")
-    kinds = bench.add_subparsers(dest="bench", required=True, metavar="{preprocess,step,train}")
+def add_parser(kinds: Any) -> None:
     p = kinds.add_parser(
         "preprocess",
         help="time tc.preprocess on a workload",
@@ -65,8 +62,6 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument("--batch-size", type=int, default=None, help=argparse.SUPPRESS)
     p.set_defaults(run=run)
-    _bench_step.add_parser(kinds)
-    _bench_train.add_parser(kinds)
 
 
 INPUT_FORMS = ("ragged", "object-array", "dense")

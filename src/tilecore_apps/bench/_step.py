@@ -15,7 +15,7 @@ import numpy as np
 import tilecore as tc
 from tilecore import data
 
-from ._common import (
+from .._common import (
     add_threads_option,
     add_workload_option,
     calibrate,
@@ -76,8 +76,11 @@ def add_parser(kinds: Any) -> None:
                         "never a tilecore dependency), and print the ratios. Pin the threads "
                         "of both with taskset, e.g. `taskset -c 0 tilecore bench step ...`")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="write results here")
-    p.add_argument("--batch-size", type=int, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--max-vocab", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="samples per batch (default: the workload's, 4096 for criteo26)")
+    p.add_argument("--max-vocab", type=int, default=None, metavar="V",
+                   help="cap every table's vocabulary at V, IDs taken modulo it (default: "
+                        "the workload's; a quick run at a small size)")
     p.set_defaults(run=run)
 
 
@@ -113,7 +116,7 @@ def _check(args: argparse.Namespace) -> None:
     if args.max_vocab is not None and args.max_vocab < 1:
         raise ValueError(f"bench step: --max-vocab must be >= 1, got {args.max_vocab}.")
     if args.peer_python is not None:
-        from ._bench_peer import check_peer
+        from ._peer import check_peer
 
         check_peer(args.peer_python, args.optimizer)
     if not args.no_naive:
@@ -138,10 +141,10 @@ def run(args: argparse.Namespace) -> int:
     import jax
 
     if jax.device_count() < args.devices:
-        from ._devices import rerun_with_cpu_devices
+        from .._devices import rerun_with_cpu_devices
 
         return rerun_with_cpu_devices(args.devices, _argv(args))
-    from ._devices import make_mesh
+    from .._devices import make_mesh
     from ._fused import OPTIMIZERS, bench_features, projections
 
     sizes = {} if args.batch_size is None else {"batch_size": args.batch_size}
@@ -193,7 +196,7 @@ def _peer(args: argparse.Namespace, features: list[tc.FeatureSpec],
           ) -> dict[str, Any]:
     """The forward's bytes/s against the copy bandwidth; with --peer-python, FBGEMM's times
     on the same batches and the ratios (FBGEMM's time / tilecore's: > 1 means faster)."""
-    from ._bench_peer import copy_bandwidth, forward_bytes, run_peer
+    from ._peer import copy_bandwidth, forward_bytes, run_peer
 
     copy = copy_bandwidth()
     moved = forward_bytes(features, raw, batch_size) / forward_s

@@ -24,7 +24,7 @@ from typing import Any
 
 import tilecore as tc
 
-from ._common import add_threads_option, write_json
+from .._common import add_threads_option, write_json
 from ._machine import machine_facts
 
 HOST_BOUND_BELOW = 0.9
@@ -71,10 +71,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"bench train: --threads must be >= 1, got {args.threads}.")
     import jax
 
-    from tilecore import data, training
+    from tilecore import data
+    from tilecore_apps import dlrm
 
     source = data.clicks(batch_size=args.batch_size)
-    config = training.TrainConfig(
+    config = dlrm.TrainConfig(
         steps=args.steps, eval_every=args.steps, eval_batches=1, prefetch=args.prefetch,
         input_processes=args.input_processes, num_threads=args.threads,
         pipelining=args.pipelining)
@@ -82,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     runs: dict[str, list[float]] = {"input": [], "staged": [], "train": []}
     waits = []
     for round_ in range(args.repeats):
-        runs["input"].append(training.input_rate(source, config, batches=args.steps))
+        runs["input"].append(dlrm.input_rate(source, config, batches=args.steps))
         runs["staged"].append(_train(source, staged).examples_per_s)
         summary = _train(source, config)
         runs["train"].append(summary.examples_per_s)
@@ -134,6 +135,6 @@ def _verdict(result: dict[str, Any], *, cpu: bool) -> str:
 
 
 def _train(source: Any, config: Any) -> Any:
-    from tilecore import training
+    from tilecore_apps import dlrm
 
-    return training.train(source, config, progress=io.StringIO()).summary
+    return dlrm.train(source, config, progress=io.StringIO()).summary

@@ -10,7 +10,7 @@ from typing import Any, get_args
 
 from tilecore import data
 
-from ._options import positive_int
+from .._options import positive_int
 
 FORMATS = get_args(data.SampleFormat)
 

@@ -11,7 +11,7 @@ import numpy as np
 import tilecore as tc
 from tilecore import data
 
-from ._common import (
+from .._common import (
     add_threads_option,
     add_workload_option,
     calibrate,

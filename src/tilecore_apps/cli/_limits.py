@@ -13,10 +13,10 @@ import numpy as np
 import tilecore as tc
 from tilecore import data
 
-from ._common import topology_arg, write_file, write_json
+from .._common import topology_arg, write_file, write_json
+from .._options import int_list, positive_int
 from ._data import add_read_options, check_read_options, open_data
 from ._limits_scan import report, scan
-from ._options import int_list, positive_int
 
 Batches = Callable[[], Iterator[Mapping[str, tc.Ragged]]]
 EMBEDDING_DIM = 16  # of tables made for --data features (tilecore train's default)

@@ -18,7 +18,7 @@ import numpy as np
 import tilecore as tc
 from tilecore.stacking import memory_estimates
 
-from ._common import preprocess_dropping
+from .._common import preprocess_dropping
 
 
 @dataclasses.dataclass(kw_only=True)

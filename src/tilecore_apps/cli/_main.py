@@ -8,7 +8,8 @@ from collections.abc import Sequence
 
 import tilecore as tc
 
-from . import _bench, _data, _demo, _limits, _train
+from .. import bench
+from . import _data, _demo, _limits, _train
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     _train.add_parser(subparsers)
     _data.add_parser(subparsers)
     _demo.add_parser(subparsers)
-    _bench.add_parser(subparsers)
+    bench.add_parser(subparsers)
     _limits.add_parser(subparsers)
     return parser
 

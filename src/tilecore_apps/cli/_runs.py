@@ -83,12 +83,12 @@ def saved_step(directory: Path) -> int:
     """The newest intact checkpoint's step in `directory`'s run (0 if it has none).
 
     The step training resumes from: damaged newer checkpoints are skipped with a
-    warning (`tilecore.training.latest_step`); a CheckpointCorruptError (a
+    warning (`tilecore_apps.dlrm.latest_step`); a CheckpointCorruptError (a
     ValueError) says so when every one is damaged.
     """
     if not checkpoint.available_steps(directory / "checkpoint"):
         return 0
-    from tilecore.training import latest_step  # the training stack, only when resuming
+    from tilecore_apps.dlrm import latest_step  # the training stack, only when resuming
 
     return latest_step(directory / "checkpoint") or 0
 

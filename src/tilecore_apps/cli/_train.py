@@ -1,6 +1,6 @@
 """`tilecore train`: the main job — a DLRM-style click model trained end to end.
 
-A thin driver over `tilecore.training.train`: it builds the data source and the
+A thin driver over `tilecore_apps.dlrm.train`: it builds the data source and the
 config from the options, makes sure JAX sees `--devices` CPU devices (the flag
 must be set before JAX starts), picks the run's directory (`_runs`: a new one per
 run unless `--out`) and writes the summary, plots and checkpoint there.
@@ -17,11 +17,11 @@ from typing import Any
 import tilecore as tc
 from tilecore import data
 
+from .._common import add_threads_option, topology_arg, write_file, write_json
+from .._devices import RERUN_ENV, with_device_count
+from .._options import int_list, nonnegative_float, nonnegative_int, positive_float, positive_int
 from . import _runs
-from ._common import add_threads_option, topology_arg, write_file, write_json
 from ._data import add_read_options, check_read_options, open_data
-from ._devices import RERUN_ENV, with_device_count
-from ._options import int_list, nonnegative_float, nonnegative_int, positive_float, positive_int
 
 OPTIMIZERS = {"sgd": tc.SGD, "adagrad": tc.Adagrad, "adagrad_momentum": tc.AdagradMomentum,
               "adam": tc.Adam, "ftrl": tc.FTRL, "laprop": tc.LaProp}
@@ -161,7 +161,7 @@ def _ensure_devices(count: int, argv: list[str]) -> int | None:
 
     if jax.device_count() >= count:
         return None
-    from ._devices import rerun_with_cpu_devices
+    from .._devices import rerun_with_cpu_devices
 
     if os.environ.get(RERUN_ENV):
         raise ValueError(f"--devices {count}: JAX has {jax.device_count()} device(s).")
@@ -174,8 +174,8 @@ def run(args: argparse.Namespace) -> int:
     status = _ensure_devices(topology.global_devices, _argv(args, topology))
     if status is not None:
         return status
-    from tilecore import training
     from tilecore.checkpoint import CheckpointMismatchError
+    from tilecore_apps import dlrm
 
     source = _source(args)
     run_dir = _runs.resolve(args.out, resume=args.resume, overwrite=args.overwrite)
@@ -187,8 +187,8 @@ def run(args: argparse.Namespace) -> int:
               flush=True)
     optimizer = OPTIMIZERS[args.optimizer](
         learning_rate=args.learning_rate or DEFAULT_LR[args.optimizer])
-    config = training.TrainConfig(
-        steps=start + args.steps, model=training.ModelConfig(embedding_dim=args.embedding_dim),
+    config = dlrm.TrainConfig(
+        steps=start + args.steps, model=dlrm.ModelConfig(embedding_dim=args.embedding_dim),
         table_optimizer=optimizer, dense_learning_rate=args.dense_learning_rate,
         topology=topology, eval_every=args.eval_every, eval_batches=args.eval_batches,
         prefetch=args.prefetch, input_processes=args.input_processes,
@@ -201,8 +201,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"tilecore train: {len(source.features)} features, {source.num_dense} dense, batch "
           f"{source.batch_size}, {steps} on {topology} (devices x SparseCores)", flush=True)
     try:
-        result = training.train(source, config)
-    except training.NonFiniteLossError as error:
+        result = dlrm.train(source, config)
+    except dlrm.NonFiniteLossError as error:
         print(f"tilecore train: error: {error}", file=sys.stderr)
         return 1
     except CheckpointMismatchError as error:
@@ -217,8 +217,8 @@ def run(args: argparse.Namespace) -> int:
     print(summary.format())
     if isinstance(source, data.StreamedClicks) and source.bad_rows:
         print(f"skipped {source.bad_rows} bad rows of {args.data} (--skip-bad-rows)")
-    write_file(out / "loss_auc.png", training.plot_curves(summary))
-    write_file(out / "partition_load.png", training.plot_partition_load(summary))
+    write_file(out / "loss_auc.png", dlrm.plot_curves(summary))
+    write_file(out / "partition_load.png", dlrm.plot_partition_load(summary))
     print(f"wrote {out / 'loss_auc.png'} and {out / 'partition_load.png'}")
     if summary.start_step:
         print(f"resumed from step {summary.start_step}")

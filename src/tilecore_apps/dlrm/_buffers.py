@@ -22,8 +22,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from ..preprocessing import coo_buffer_size_per_device
-from ..stacking import StackingPlan, round_up
+from tilecore.preprocessing import coo_buffer_size_per_device
+from tilecore.stacking import StackingPlan, round_up
 
 MAX_MINIBATCHES = 8
 """Minibatches a batch may be split into and still fit the buffer for sure."""

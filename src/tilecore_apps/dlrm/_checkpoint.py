@@ -22,9 +22,9 @@ from typing import Any, NamedTuple
 import numpy as np
 from jax.sharding import Mesh
 
-from .. import checkpoint, ops
-from ..pipelining import DenseState, TrainState
-from ..stacking import StackingPlan
+from tilecore import checkpoint, ops
+from tilecore.pipelining import DenseState, TrainState
+from tilecore.stacking import StackingPlan
 
 KEEP = 2
 
@@ -158,6 +158,6 @@ def restore_checkpoint(directory: Path, plan: StackingPlan, dense: DenseState, *
     if saved.extra is None:
         raise checkpoint.CheckpointCorruptError(
             f"Checkpoint {str(directory)!r} (step {saved.step}) has no dense model state; it "
-            "was not written by tilecore.training. Start without resuming, or point --out "
-            "at a training run's directory.")
+            "was not written by the DLRM trainer (tilecore train). Start without resuming, or "
+            "point --out at a training run's directory.")
     return Resumed(saved.step, saved.variables, saved.extra["dense"])

@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from ..specs import Adagrad, OptimizerSpec, Topology
+from tilecore.specs import Adagrad, OptimizerSpec, Topology
+
 from ._model import ModelConfig
 
 

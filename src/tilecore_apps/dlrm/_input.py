@@ -24,10 +24,11 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from .. import ops
-from ..data import ClickBatch, ClickSource
-from ..preprocessing import PreprocessedBatch, PreprocessStats, preprocess
-from ..stacking import StackingPlan
+from tilecore import ops
+from tilecore.data import ClickBatch, ClickSource
+from tilecore.preprocessing import PreprocessedBatch, PreprocessStats, preprocess
+from tilecore.stacking import StackingPlan
+
 from ._config import TrainConfig
 from ._prefetch import Prefetcher
 from ._profile import annotate

@@ -15,13 +15,14 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from .. import ops
-from ..data import ClickSource
-from ..fdo import TuneReport, tune_limits
-from ..pipelining import DenseState, StepInput, TrainState, TrainStep, train_state_sharding
-from ..preprocessing import IdDroppingWarning
-from ..specs import FeatureSpec, TableSpec
-from ..stacking import StackingPlan, plan_stacking
+from tilecore import ops
+from tilecore.data import ClickSource
+from tilecore.fdo import TuneReport, tune_limits
+from tilecore.pipelining import DenseState, StepInput, TrainState, TrainStep, train_state_sharding
+from tilecore.preprocessing import IdDroppingWarning
+from tilecore.specs import FeatureSpec, TableSpec
+from tilecore.stacking import StackingPlan, plan_stacking
+
 from ._buffers import minibatching_plan
 from ._checkpoint import Resumed, latest_step, restore_checkpoint, save_checkpoint
 from ._config import TrainConfig

@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from ..pipelining import StepInput, TrainState, TrainStep, run_loop
-from ..stacking import StackingPlan
+from tilecore.pipelining import StepInput, TrainState, TrainStep, run_loop
+from tilecore.stacking import StackingPlan
+
 from ._input import Feed, Prepared
 from ._metrics import auc, log_loss
 from ._prefetch import Prefetcher

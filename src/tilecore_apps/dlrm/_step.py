@@ -20,10 +20,11 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from .. import ops
-from ..pipelining import Stages, optax_tc, sparsecore_stages
-from ..preprocessing import PreprocessedBatch
-from ..stacking import StackingPlan
+from tilecore import ops
+from tilecore.pipelining import Stages, optax_tc, sparsecore_stages
+from tilecore.preprocessing import PreprocessedBatch
+from tilecore.stacking import StackingPlan
+
 from ._model import Params, bce_loss, logits
 
 

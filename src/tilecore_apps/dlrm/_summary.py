@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from ..preprocessing import PreprocessStats
-from ..stacking import StackingPlan
+from tilecore.preprocessing import PreprocessStats
+from tilecore.stacking import StackingPlan
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,9 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from .. import ops
-from ..optimizers import init_slots
-from ..stacking import StackingPlan
+from tilecore import ops
+from tilecore.optimizers import init_slots
+from tilecore.stacking import StackingPlan
 
 INIT_SCALE = 0.05
 

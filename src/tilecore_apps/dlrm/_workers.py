@@ -34,9 +34,9 @@ from typing import IO, TYPE_CHECKING, Any, NamedTuple
 if TYPE_CHECKING:  # the workers import only what they run
     import numpy as np
 
-    from ..data import ClickSource
-    from ..preprocessing import PreprocessedBatch, PreprocessStats
-    from ..stacking import StackingPlan
+    from tilecore.data import ClickSource
+    from tilecore.preprocessing import PreprocessedBatch, PreprocessStats
+    from tilecore.stacking import StackingPlan
 
 _EXIT_TIMEOUT_S = 1.0
 """Seconds the workers get to exit after their pipes close: then they are killed (a
