@@ -81,3 +81,12 @@ def test_private_is_any_underscored_part(module: str, private: bool) -> None:
 def test_imports_are_resolved_relative_to_their_package() -> None:
     modules = {module for path, _, module, _ in _imports(APPS) if path.endswith("cli/_main.py")}
     assert {"tilecore_apps", "tilecore_apps.cli"} <= modules  # `from .. import bench`, `from .`
+
+
+@pytest.mark.parametrize("package", ["tilecore_apps.dlrm", "tilecore_apps.bench",
+                                     "tilecore_apps.cli"])
+def test_every_application_name_in_all_is_importable(package: str) -> None:
+    module = importlib.import_module(package)
+    assert module.__all__ and len(module.__all__) == len(set(module.__all__))
+    for name in module.__all__:
+        getattr(module, name)
