@@ -74,6 +74,9 @@ def update_buffers(layout, which, row_pointers, embedding_ids, sample_ids, gains
                                          rows_per_shard, samples, acc)
                 if row < 0:
                     break
+                upcoming = _segments.upcoming_row(cursors, stops, embedding_ids, rows_per_shard)
+                if upcoming >= 0:
+{prefetches}
                 apply_row(base + row, acc, hf, hi, {outs})
         else:
             rows, smp, gns = _segments.partition_entries(bounds, p, embedding_ids, sample_ids,
@@ -115,6 +118,8 @@ def _module_source(rule: RuleSource, cached: bool) -> str:
         + rule.source
         + _TEMPLATE.format(
             cache=cached, ins=ins, outs=outs, hypers=hypers, copies=copies,
+            prefetches="\n".join(f"                    _segments.prefetch_row({o}, base + upcoming)"
+                                  for o in outs.split(", ")),
             call=", ".join(["acc[d]", "out_table[r, d]", *(f"out_{s}[r, d]" for s in slots),
                             *(f"hyper{k}" for k in range(len(rule.hyper_kinds)))]),
             writes="\n".join(f"        out_{s}[r, d] = new[{i + 1}]"

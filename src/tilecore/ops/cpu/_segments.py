@@ -17,9 +17,33 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from ...preprocessing._pointers import prefetch
 from ._kernels import entry_in_range
 
 _jit = numba.njit(nogil=True, cache=True, error_model="numpy", boundscheck=False)
+
+PREFETCH_DISTANCE = 8
+"""Entries ahead of the current one whose row `upcoming_row` names, for prefetching: far
+enough that a row of a table too big for the caches arrives before it is updated."""
+
+
+@_jit
+def upcoming_row(cursors, stops, embedding_ids, rows_per_shard):
+    """The local row `PREFETCH_DISTANCE` entries ahead in the first run, or −1."""
+    ahead = cursors[0] + PREFETCH_DISTANCE
+    if ahead < stops[0]:
+        row = embedding_ids[ahead]
+        if 0 <= row < rows_per_shard:
+            return row
+    return -1
+
+
+@_jit
+def prefetch_row(array, r):
+    """Ask for row `r` of a 2-D C-contiguous array to be brought into the cache."""
+    address = array.ctypes.data + r * array.strides[0]
+    for offset in range(0, array.shape[1] * array.itemsize, 64):
+        prefetch(address + offset)
 
 
 @_jit
