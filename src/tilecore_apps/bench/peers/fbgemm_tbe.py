@@ -50,6 +50,7 @@ def main(batches_path: str, result_path: str) -> None:
     import torch
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
+        BoundsCheckMode,
         EmbeddingLocation,
         PoolingMode,
     )
@@ -76,6 +77,8 @@ def main(batches_path: str, result_path: str) -> None:
         feature_table_map=[tables.index(f["table"]) for f in features],
         optimizer=optimizer, learning_rate=float(meta["learning_rate"]), eps=1e-8,
         pooling_mode=PoolingMode.SUM if combiners == {"sum"} else PoolingMode.MEAN,
+        bounds_check_mode=BoundsCheckMode.NONE,  # tilecore's device ops do not range-check
+        device=torch.device("cpu"),
     )
     inputs = []
     for i in range(int(meta["batches"])):
