@@ -307,7 +307,8 @@ def run_steps(case: Case, devices: int = 1, steps: int = 3, *, mesh: Any = None,
 
     def backward(batch: tc.PreprocessedBatch, variables: Any, grads: Any, step: Any) -> Any:
         traces["lookup_grad"] += 1
-        return ops.lookup_grad(plan, batch, variables, grads, step, mesh=mesh, clip=clip)
+        return ops.lookup_grad(plan, batch, variables, grads, step, mesh=mesh,
+                               options=ops.UpdateOptions(clip=clip or {}))
 
     forward_jit = jax.jit(forward)
     backward_jit = jax.jit(backward, donate_argnums=1)

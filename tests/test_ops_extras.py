@@ -92,7 +92,8 @@ def test_serialized_stacks_give_the_same_update() -> None:
     grads = {k: jnp.asarray(np.random.default_rng(3).normal(size=a.shape), jnp.float32)
              for k, a in ops.lookup(plan, batch, variables).items()}
     plain = ops.lookup_grad(plan, batch, variables, grads, 0)
-    serial = jax.jit(lambda b, v, g: ops.lookup_grad(plan, b, v, g, 0, serialize_stacks=True))(
+    options = ops.UpdateOptions(serialize_stacks=True)
+    serial = jax.jit(lambda b, v, g: ops.lookup_grad(plan, b, v, g, 0, options=options))(
         batch, variables, grads)
     for name in plain:
         np.testing.assert_allclose(serial[name].table, plain[name].table, rtol=1e-6, atol=1e-7)
@@ -103,7 +104,8 @@ def test_nan_check_names_the_stack() -> None:
     batch, variables = _batch(plan), ops.init_tables(plan, jax.random.key(0))
     grads = {k: jnp.ones_like(a) for k, a in ops.lookup(plan, batch, variables).items()}
     grads["fb"] = grads["fb"].at[0, 0].set(jnp.nan)
-    step = jax.jit(lambda b, v, g: ops.lookup_grad(plan, b, v, g, 0, check_finite=True))
+    step = jax.jit(lambda b, v, g: ops.lookup_grad(
+        plan, b, v, g, 0, options=ops.UpdateOptions(check_finite=True)))
     with pytest.raises(Exception, match="Stack 'b': updated variables contain NaN"):
         jax.block_until_ready(step(batch, variables, grads))
     ok = {k: jnp.ones_like(a) for k, a in grads.items()}
@@ -152,3 +154,8 @@ def test_auto_and_explicit_meshes_both_work() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=300, check=False)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_update_options_refuse_a_reversed_clip_range() -> None:
+    with pytest.raises(ValueError, match=r"clip\['s'\] must be \(min, max\)"):
+        ops.UpdateOptions(clip={"s": (1.0, -1.0)})

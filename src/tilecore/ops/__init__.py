@@ -10,6 +10,7 @@ from ._layout import StackLayout as StackLayout
 from ._layout import stack_layouts as stack_layouts
 from ._lookup import DEFAULT_AXIS as DEFAULT_AXIS
 from ._lookup import lookup as lookup
+from ._lookup_grad import UpdateOptions as UpdateOptions
 from ._lookup_grad import lookup_grad as lookup_grad
 from ._tables import init_tables as init_tables
 from ._tables import shard as shard
@@ -20,6 +21,7 @@ __all__ = [
     "DEFAULT_AXIS",
     "EmbeddingVariables",
     "StackLayout",
+    "UpdateOptions",
     "activation_probe",
     "embed",
     "init_tables",

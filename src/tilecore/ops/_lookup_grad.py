@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -20,6 +21,34 @@ from ._per_device import lookup_grad_stack
 from ._variables import EmbeddingVariables
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class UpdateOptions:
+    """How `lookup_grad` applies the optimizers (the defaults: as the reference does).
+
+    Attributes:
+      clip: stack name → (min, max) applied to the table values after the update
+        (never to slots).
+      check_finite: raise `FloatingPointError` naming the stack if an updated table
+        or slot holds NaN or Inf (a debugging aid).
+      serialize_stacks: update the stacks one after another, so that only one
+        stack's temporaries are alive at a time (lower peak memory, less overlap).
+    """
+
+    clip: Mapping[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
+    check_finite: bool = False
+    serialize_stacks: bool = False
+
+    def __post_init__(self) -> None:
+        for name, bounds in self.clip.items():
+            if len(bounds) != 2 or not bounds[0] <= bounds[1]:
+                raise ValueError(f"UpdateOptions: clip[{name!r}] must be (min, max) with "
+                                 f"min <= max; got {bounds!r}.")
+
+
+DEFAULT_OPTIONS = UpdateOptions()
+"""`lookup_grad`'s default options."""
+
+
 def lookup_grad(
     plan: StackingPlan,
     batch: PreprocessedBatch,
@@ -30,9 +59,7 @@ def lookup_grad(
     mesh: Mesh | None = None,
     axis: str = DEFAULT_AXIS,
     stacked: bool = False,
-    clip: Mapping[str, tuple[float, float]] | None = None,
-    check_finite: bool = False,
-    serialize_stacks: bool = False,
+    options: UpdateOptions = DEFAULT_OPTIONS,
 ) -> dict[str, EmbeddingVariables]:
     """Apply each stack's optimizer to the rows the batch touched.
 
@@ -45,15 +72,12 @@ def lookup_grad(
       activation_grads: feature name → `[batch, dim]` gradients of the
         activations `lookup` returned (stack name → stacked block if `stacked`).
       step: the global 0-based step (schedules, Adam/LaProp bias correction).
-      clip: stack name → (min, max) applied to the table values after the update.
-      check_finite: raise `FloatingPointError` naming the stack if an updated table
-        or slot holds NaN or Inf (a debugging aid).
-      serialize_stacks: update the stacks one after another, so that only one
-        stack's temporaries are alive at a time (lower peak memory, less overlap).
+      options: clipping, finiteness checks and stack ordering (`UpdateOptions`).
     """
     layouts = stack_layouts(plan)
     check_call(plan, batch, mesh, axis, "lookup_grad")
-    clip = dict(clip or {})
+    clip = dict(options.clip)
+    check_finite, serialize_stacks = options.check_finite, options.serialize_stacks
     unknown = sorted(set(clip) - set(layouts))
     if unknown:
         raise ValueError(f"clip names unknown stacks {unknown}; stacks: {sorted(layouts)}.")

@@ -9,7 +9,7 @@ import jax
 import optax
 from jax.sharding import Mesh
 
-from ..ops import DEFAULT_AXIS, lookup, lookup_grad
+from ..ops import DEFAULT_AXIS, UpdateOptions, lookup, lookup_grad
 from ..preprocessing import PreprocessedBatch
 from ..stacking import StackingPlan
 from ._types import Stages, TcResult, TcStage, Variables
@@ -52,12 +52,11 @@ def optax_tc(loss_fn: Callable[..., Any], optimizer: optax.GradientTransformatio
 
 
 def sparsecore_stages(plan: StackingPlan, tc: TcStage, *, mesh: Mesh | None = None,
-                      axis: str = DEFAULT_AXIS, **lookup_grad_options: Any) -> Stages:
+                      axis: str = DEFAULT_AXIS, options: UpdateOptions | None = None) -> Stages:
     """Stages whose SC forward is `tc.ops.lookup` and SC backward `tc.ops.lookup_grad`.
 
     Activations are per-feature `[batch, dim]` arrays; both aux values are None.
-    `lookup_grad_options` (`clip`, `check_finite`, `serialize_stacks`) go to
-    `lookup_grad` unchanged.
+    `options` (`tilecore.ops.UpdateOptions`) go to `lookup_grad` unchanged.
     """
 
     def sc_forward(batch: PreprocessedBatch, variables: Variables) -> tuple[Any, None]:
@@ -67,7 +66,7 @@ def sparsecore_stages(plan: StackingPlan, tc: TcStage, *, mesh: Mesh | None = No
                     step: jax.Array, tc_aux: Any) -> tuple[Variables, None]:
         del tc_aux
         updated = lookup_grad(plan, batch, variables, grads, step, mesh=mesh, axis=axis,
-                              **lookup_grad_options)
+                              options=options or UpdateOptions())
         return updated, None
 
     return Stages(sc_forward=sc_forward, tc=tc, sc_backward=sc_backward)
