@@ -159,7 +159,8 @@ def batch_loss(model: Model, feature_specs: FrozenDict, num_devices: int,
     """The model's loss on one batch (no update)."""
     features, labels = batch
     inputs, _ = preprocess(features, step, feature_specs, num_devices, num_sc_per_device)
-    logits = model(inputs, jnp.int32(step))
+    logits = nnx.jit(lambda model, inputs, step: model(inputs, step))(model, inputs,
+                                                                      jnp.int32(step))
     return float(optax.sigmoid_binary_cross_entropy(logits, labels).mean())
 
 
