@@ -77,3 +77,25 @@ def made_once(tmp_path_factory: pytest.TempPathFactory) -> MadeOnce:
         return folder
 
     return get
+
+
+SLOW_MODULES_FIRST = (
+    "test_examples", "test_compat_ops", "test_distributed", "test_layers", "test_ops_multidevice",
+    "test_ops_minibatching", "test_hostile_processes", "test_train", "test_ops_extras",
+    "test_hostile_checkpoints", "test_compat_auto_pipelining", "test_pipelining",
+    "test_hostile_ops", "test_bench_step", "test_train_input", "test_minibatching_end_to_end",
+    "test_checkpoint", "test_compat_checkpoint", "test_reference_checkpoint",
+)
+"""Test files whose tests run subprocesses or compile many programs, slowest first
+(measured with `pytest --durations`)."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the slow files first, each file's tests still together and in order.
+
+    pytest-xdist's work stealing hands each worker a contiguous share of this list
+    and lets an idle worker take the end of a busy one's: with the long tests at the
+    front, the session ends on short ones, and no worker is left running a minute-long
+    subprocess while the other waits."""
+    rank = {name: k for k, name in enumerate(SLOW_MODULES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))
