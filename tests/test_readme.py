@@ -1,13 +1,34 @@
 """The README works as written: every shell and Python block, in document order, run twice
 in one fresh directory (the repository's rule: every command the README shows works when
-run in order, and again), at a small size through documented flags."""
+run in order, and again), at a small size through documented flags.
+
+Each run is one fresh Python process, the driver (`_drive`, started from its source), which
+takes the README's steps in order: each shell line runs in bash, each Python block through
+`exec`. In the fresh directory `.venv/bin/tilecore` (also first on PATH) is a shim that
+hands its arguments, working directory and environment to the driver; the driver calls the
+`tilecore` console script's `main` (as pyproject.toml names it) in its own process and
+hands the exit status back. So bash still reads every line as it would for a reader
+(quotes, variables, `make bench`'s `for` loop, `|| exit 1`) and every `tilecore` call it
+makes runs, while a run pays for jax, flax and numba's imports once instead of once per
+command (~1.7 CPU-s each, ~20 commands a run).
+
+What would not carry from one `tilecore` process to the next is put back after each call:
+os.environ, the working directory, the warnings filters. JAX starts before the first call
+with the devices a fresh process gets, so a command that needs more (`train --devices 2`)
+runs itself again in a child process, as it does for a reader. A call whose environment
+differs from the driver's (`VAR=x tilecore ...`) runs as a process of its own, since the
+driver's imports have read the environment already.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
+import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from importlib.metadata import entry_points
@@ -77,26 +98,165 @@ def _make_n(line: str, cwd: Path) -> str:
     return done.stdout.replace("\\\n", " ")
 
 
-def _program(cwd: Path) -> tuple[list[tuple[str, str]], set[str]]:
-    """The README as steps ("python" or "sh", text) in order, and the lines left out."""
-    steps: list[tuple[str, str]] = []
+def _program(cwd: Path) -> tuple[list[tuple[str, str, int]], set[str]]:
+    """The README as steps ("python" or "sh", text, README line of the block) in order, and
+    the lines left out."""
+    steps: list[tuple[str, str, int]] = []
     skipped: set[str] = set()
-    for language, text in _blocks():
+    readme = README.read_text()
+    for match in FENCE.finditer(readme):
+        language, text = match[1], match[2]
+        line = readme.count("\n", 0, match.start(2)) + 1
         if language == "python":
-            steps.append(("python", text))
+            steps.append(("python", text, line))
             continue
         assert language in (*SHELL, *NOT_RUN), f"README block ```{language}: run it or say why not"
-        for line in _commands(language, text) if language in SHELL else []:
-            if line in SKIPPED:
-                skipped.add(line)
-            elif line in MADE:
-                steps.append(("sh", _small(_make_n(line, cwd))))
+        for command in _commands(language, text) if language in SHELL else []:
+            if command in SKIPPED:
+                skipped.add(command)
+            elif command in MADE:
+                steps.append(("sh", _small(_make_n(command, cwd)), line))
             else:
-                assert not re.match(r"(make|pip|python3? -m pip|uv)\b", line), (
-                    f"the README's {line!r} would install or run the suite: add it to MADE "
+                assert not re.match(r"(make|pip|python3? -m pip|uv)\b", command), (
+                    f"the README's {command!r} would install or run the suite: add it to MADE "
                     f"or SKIPPED (with the reason) in {__file__}")
-                steps.append(("sh", _small(line)))
+                steps.append(("sh", _small(command), line))
     return steps, skipped
+
+
+def _shim(requests: Path, replies: Path, real: Path) -> str:
+    """`.venv/bin/tilecore` in the fresh directory: the call goes to the driver (`_drive`)."""
+    return f"""#!/bin/bash
+# tests/test_readme.py: `tilecore "$@"` runs in the test's driver process, which replies
+# with its exit status, or with `exec`: run it as a process of its own. The request is
+# written from a subshell, so that this process's own stdout, which the driver compares
+# with its own, is never the FIFO.
+( printf '%s\\0' "$$" "$PWD" "$#" "$@"; env -0; printf '\\0' ) > {shlex.quote(str(requests))}
+read -r status < {shlex.quote(str(replies))}
+if [ "$status" = exec ]; then exec {shlex.quote(str(real))} "$@"; fi
+exit "$status"
+"""
+
+
+def _drive(program: str) -> None:  # pragma: no cover (runs in the driver process)
+    """One run of the README's steps, in this fresh process (see the module docstring)."""
+    import contextlib
+    import json
+    import os
+    import select
+    import shlex
+    import subprocess
+    import sys
+    import time
+    import traceback
+    import warnings
+    from importlib.metadata import entry_points
+
+    import jax
+
+    with open(program) as file:
+        spec = json.load(file)
+    jax.devices()  # JAX starts with the devices a fresh `tilecore` process starts with
+    (script,) = entry_points(group="console_scripts", name="tilecore")
+    main = script.load()
+    requests = os.open(spec["requests"], os.O_RDWR)  # held open: a read waits for a shim
+    shell_owned = {"_", "SHLVL", "PWD", "OLDPWD"}  # what bash sets in the shim's environment
+
+    def differing(env: dict[str, str]) -> list[str]:
+        keys = (env.keys() | os.environ.keys()) - shell_owned
+        return sorted(key for key in keys if env.get(key) != os.environ.get(key))
+
+    def status_of(code: object) -> int:  # as `sys.exit(code)` exits
+        if code is None or isinstance(code, int):
+            return code or 0
+        print(code, file=sys.stderr)
+        return 1
+
+    def redirected(pid: str) -> list[int]:  # the shim's stdin/out/err that are not ours
+        def same(fd: int) -> bool:
+            with contextlib.suppress(OSError):  # no /proc: a process of its own
+                ours, shim = os.fstat(fd), os.stat(f"/proc/{pid}/fd/{fd}")
+                return (shim.st_dev, shim.st_ino) == (ours.st_dev, ours.st_ino)
+            return False
+
+        return [fd for fd in (0, 1, 2) if not same(fd)]
+
+    def tilecore(pid: str, argv: list[str], cwd: str, env: dict[str, str]) -> str:
+        print(f"+ tilecore {shlex.join(argv)}", flush=True)
+        if keys := differing(env):
+            print(f"(as a process of its own: its environment differs in {keys})", flush=True)
+            return "exec"
+        if fds := redirected(pid):
+            print(f"(as a process of its own: file descriptors {fds} are redirected)",
+                  flush=True)
+            return "exec"
+        environ, workdir = dict(os.environ), os.getcwd()
+        os.chdir(cwd)
+        try:
+            with warnings.catch_warnings():
+                return str(status_of(main(argv)))
+        except SystemExit as exit:  # argparse's usage errors, --help, --version
+            return str(status_of(exit.code))
+        except Exception:
+            traceback.print_exc()
+            return "1"
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.chdir(workdir)
+            os.environ.clear()
+            os.environ.update(environ)
+
+    def request(buffer: bytes) -> tuple[tuple[str, list[str], str, dict[str, str]], bytes] | None:
+        """The first whole request in `buffer` (the shim's pid, cwd, argc, args, environment
+        entries, an empty field) and the rest of `buffer`; None until one is whole."""
+        fields = buffer.split(b"\0")
+        if len(fields) < 4:
+            return None
+        argc = int(fields[2])
+        ends = [i for i in range(3 + argc, len(fields) - 1) if not fields[i]]
+        if not ends:
+            return None
+        pid, cwd, args, env = fields[0], fields[1], fields[3:3 + argc], fields[3 + argc:ends[0]]
+        entries = (os.fsdecode(entry).partition("=") for entry in env)
+        call = (pid.decode(), [os.fsdecode(arg) for arg in args], os.fsdecode(cwd),
+                {key: value for key, _, value in entries})
+        return call, b"\0".join(fields[ends[0] + 1:])
+
+    def shell(line: str) -> int:
+        """bash's exit status for `line`, serving the `tilecore` calls it makes."""
+        bash, buffer = subprocess.Popen(["bash", "-c", line]), b""
+        while True:
+            if select.select([requests], [], [], 0.05)[0]:
+                buffer += os.read(requests, 1 << 16)
+                while (call := request(buffer)) is not None:
+                    status = tilecore(*call[0])
+                    buffer = call[1]
+                    with open(spec["replies"], "w") as reply:
+                        reply.write(f"{status}\n")
+            elif bash.poll() is not None:
+                return bash.returncode
+
+    namespace: dict[str, object] = {}  # consecutive Python blocks are one program
+    for kind, text, line in spec["steps"]:
+        if kind == "python":
+            print(f"\n>>> the Python block at README.md line {line}", flush=True)
+            try:
+                with warnings.catch_warnings():  # as under pytest: pyproject's filterwarnings
+                    warnings.simplefilter("error")
+                    warnings.filterwarnings("ignore", category=DeprecationWarning,
+                                            module="numba.*")
+                    exec(compile("\n" * (line - 1) + text, spec["readme"], "exec"), namespace)
+            except Exception:
+                traceback.print_exc()
+                sys.exit(f"\nFAILED: the Python block at README.md line {line}")
+        else:
+            print(f"\n$ {text}", flush=True)
+            began = time.perf_counter()
+            status = shell(text)
+            print(f"({time.perf_counter() - began:.1f} s)", flush=True)
+            if status:
+                sys.exit(f"\nFAILED (exit status {status}): README.md line {line}: $ {text}")
 
 
 def test_first_screen_has_the_two_set_up_commands() -> None:
@@ -117,26 +277,35 @@ def test_small_size_flags_are_documented() -> None:
             assert f"{flag} " in shown.getvalue(), f"`tilecore {command} --help` lacks {flag}"
 
 
-def test_readme_runs_in_order_twice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The README's `.venv/bin/tilecore`: the one installed beside this interpreter.
-    (tmp_path / ".venv" / "bin").mkdir(parents=True)
-    (tmp_path / ".venv" / "bin" / "tilecore").symlink_to(Path(sys.executable).parent / "tilecore")
-    steps, skipped = _program(tmp_path)
+def test_readme_runs_in_order_twice(tmp_path: Path) -> None:
+    fresh, driver = tmp_path / "fresh", tmp_path / "driver"  # the README runs in `fresh`
+    bin_dir = fresh / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    driver.mkdir()
+    requests, replies = driver / "requests", driver / "replies"
+    os.mkfifo(requests)
+    os.mkfifo(replies)
+    # The README's `.venv/bin/tilecore`: the shim; `exec` runs the one beside this interpreter.
+    real = Path(sys.executable).parent / "tilecore"
+    (bin_dir / "tilecore").write_text(_shim(requests, replies, real))
+    (bin_dir / "tilecore").chmod(0o755)
+    steps, skipped = _program(fresh)
     assert skipped == set(SKIPPED), f"SKIPPED names lines the README no longer has: {SKIPPED}"
+    program = driver / "program.json"
+    program.write_text(json.dumps({"steps": steps, "readme": str(README),
+                                   "requests": str(requests), "replies": str(replies)}))
     # JAX's compilation cache, in this directory only: the second run compiles nothing again.
     env = {**os.environ, "MPLBACKEND": "Agg",
-           "JAX_COMPILATION_CACHE_DIR": str(tmp_path / ".jax-cache"),
+           "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+           "JAX_COMPILATION_CACHE_DIR": str(fresh / ".jax-cache"),
            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
-    monkeypatch.chdir(tmp_path)
+    source = f"{inspect.getsource(_drive)}\n_drive({str(program)!r})\n"
     for run in ("first", "second"):
-        namespace: dict[str, object] = {}  # consecutive Python blocks are one program
-        for kind, text in steps:
-            if kind == "python":
-                exec(compile(text, str(README), "exec"), namespace)
-                continue
-            done = subprocess.run(["bash", "-c", text], cwd=tmp_path, env=env,
-                                  capture_output=True, text=True)
-            assert done.returncode == 0, (
-                f"a README command failed on the {run} run in order, in {tmp_path}:\n"
-                f"$ {text}\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+        # -u: the driver's output and bash's interleave in order; -P: nothing from `fresh`
+        # shadows a module.
+        done = subprocess.run([sys.executable, "-u", "-P", "-c", source], cwd=fresh, env=env,
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+        assert done.returncode == 0, (
+            f"the README failed on the {run} run in order, in {fresh}:\n{done.stdout[-6000:]}")
