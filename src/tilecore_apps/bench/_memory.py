@@ -68,6 +68,13 @@ class PeakProbe:
             return cls(before=rss * 1024, method="vmhwm")
         return cls(before=_maxrss_bytes(), method="maxrss")
 
+    def peak_bytes(self) -> int:
+        """Resident bytes at the peak since `start` (exact with "vmhwm"; with "maxrss" the
+        process's lifetime peak, which may predate `start`)."""
+        if self.method == "vmhwm":
+            return (_status_kib("VmHWM") or 0) * 1024
+        return _maxrss_bytes()
+
     def extra_bytes(self) -> int:
         """Peak resident bytes since `start`, above the resident bytes at `start`."""
         if self.method == "vmhwm":

@@ -24,6 +24,7 @@ from .._common import (
     write_json,
 )
 from ._machine import machine_facts
+from ._memory import PeakProbe
 from ._timing import median_seconds
 
 DEFAULT_AXIS = "sparsecore"  # tilecore.ops.DEFAULT_AXIS (not imported: it loads JAX)
@@ -164,9 +165,9 @@ def run(args: argparse.Namespace) -> int:
     mesh = make_mesh(args.devices, DEFAULT_AXIS)
     weights = projections(features, args.seed)
     timing = {"warmup": args.warmup, "repeats": args.repeats}
-    forward_s, step_s = _time_fused(plan, [b for b, _ in prepped], mesh, weights, args.seed,
-                                    timing)
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before any child
+    forward_s, step_s, setup_peak_mb, step_peak_mb = _time_fused(
+        plan, [b for b, _ in prepped], mesh, weights, args.seed, timing)
+    peak_mb = max(setup_peak_mb, step_peak_mb)  # before any child process
     peer = _peer(args, features, raw, optimizer, timing, workload.batch_size, forward_s, step_s)
     naive: dict[str, Any] = {}
     if not args.no_naive:
@@ -178,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
     result = _result(args, workload.batch_size, len(plan.stacks), forward_s, step_s, naive)
     result.update(minibatching=args.minibatching,
                   num_minibatches=[int(np.max(b.num_minibatches)) for b, _ in prepped])
-    result.update(peak_rss_mb=peak_mb, **peer)
+    result.update(peak_rss_mb=peak_mb, step_peak_rss_mb=step_peak_mb, **peer)
     result.update(ids_per_batch=ids, forward_ids_per_s=ids / forward_s, ids_per_s=ids / step_s,
                   dropped_ids=sum(stats.dropped_ids for _, stats in prepped),
                   preprocess_threads=threads, **timing)
@@ -208,6 +209,7 @@ def _peer(args: argparse.Namespace, features: list[tc.FeatureSpec],
                     args.seed)
     out.update(peer_forward_ms=peer["forward_s"] * 1e3, peer_step_ms=peer["step_s"] * 1e3,
                peer_threads=peer["threads"], peer_peak_rss_mb=peer["peak_rss_mb"],
+               peer_step_peak_rss_mb=peer["step_peak_rss_mb"],
                peer_versions=f"torch {peer['torch_version']}, fbgemm {peer['fbgemm_version']}",
                peer_forward_ratio=peer["forward_s"] / forward_s,
                peer_step_ratio=peer["step_s"] / step_s)
@@ -226,8 +228,10 @@ def _minibatching(plan: tc.StackingPlan, split: int) -> tc.StackingPlan:
 
 def _time_fused(plan: tc.StackingPlan, prepped: list[tc.PreprocessedBatch], mesh: Any,
                 weights: Mapping[str, np.ndarray], seed: int, timing: Mapping[str, int]
-                ) -> tuple[float, float]:
-    """Median seconds of the fused forward and training step over `prepped` (cycled)."""
+                ) -> tuple[float, float, float, float]:
+    """Median seconds of the fused forward and training step over `prepped` (cycled); the
+    resident MB at the peak of the set-up (initialising the tables) and at the peak of the
+    timed calls (tables, batches and the steps' buffers)."""
     import jax
 
     from tilecore import ops
@@ -244,6 +248,9 @@ def _time_fused(plan: tc.StackingPlan, prepped: list[tc.PreprocessedBatch], mesh
     n = len(batches)
     state = {"variables": ops.init_tables(plan, jax.random.key(seed), mesh=mesh)}
     forward = fused_forward(plan, mesh)
+    jax.block_until_ready(state["variables"])
+    setup_peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    probe = PeakProbe.start()  # resets the peak: ru_maxrss too
     forward_s = median_seconds(lambda i: forward(state["variables"], batches[i % n]), **timing)
     train = fused_step(plan, mesh, weights)
 
@@ -252,9 +259,10 @@ def _time_fused(plan: tc.StackingPlan, prepped: list[tc.PreprocessedBatch], mesh
         return state["variables"]
 
     step_s = median_seconds(call, **timing)
+    peak_mb = probe.peak_bytes() / 2**20
     state.clear()
     gc.collect()  # free the tables before the naive step allocates its own
-    return forward_s, step_s
+    return forward_s, step_s, setup_peak_mb, peak_mb
 
 
 def _result(args: argparse.Namespace, batch_size: int, stacks: int, forward_s: float,
@@ -298,7 +306,8 @@ def _print(r: dict[str, Any]) -> None:
     ]
     lines.append(f"  forward moves {r['forward_gb_s']:.1f} GB/s, "
                  f"{100 * r['forward_fraction_of_copy']:.0f}% of this machine's copy bandwidth "
-                 f"({r['copy_bandwidth_gb_s']:.1f} GB/s); peak memory {r['peak_rss_mb']:,.0f} MB")
+                 f"({r['copy_bandwidth_gb_s']:.1f} GB/s); peak memory of the timed calls "
+                 f"{r['step_peak_rss_mb']:,.0f} MB (of the run {r['peak_rss_mb']:,.0f} MB)")
     if "peer_step_ms" in r:
         ids = r["ids_per_batch"]
         lines += [
@@ -308,7 +317,8 @@ def _print(r: dict[str, Any]) -> None:
                  ids / r["peer_step_ms"] * 1e3),
             f"  FBGEMM time / tilecore time: forward {r['peer_forward_ratio']:.2f}x, step "
             f"{r['peer_step_ratio']:.2f}x ({r['peer_threads']} threads, {r['peer_versions']}, "
-            f"peak memory {r['peer_peak_rss_mb']:,.0f} MB)",
+            f"peak memory of the timed calls {r['peer_step_peak_rss_mb']:,.0f} MB, of the run "
+            f"{r['peer_peak_rss_mb']:,.0f} MB)",
         ]
     if "naive_step_ms" in r:
         ids = r["ids_per_batch"]

@@ -95,6 +95,7 @@ from ._ffi_abi import (  # noqa: F401  (generated handlers use these names)
     _struct_size,
     _voidptr,
 )
+from ._vector import add_scaled, row_address
 
 # --------------------------------------------------------------------------------------
 # Handler generation and registration.
@@ -282,9 +283,7 @@ def _gather_pool_kernel(table, row, seg, w, out):
         s, r = seg[i], row[i]
         if s < 0 or s >= num_segments or r < 0 or r >= num_rows:
             continue
-        weight = w[i]
-        for d in range(dim):
-            out[s, d] += weight * table[r, d]
+        add_scaled(row_address(out, s), row_address(table, r), w[i], dim)
     return 0
 
 

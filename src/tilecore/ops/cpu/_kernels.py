@@ -16,6 +16,7 @@ from ...preprocessing._packed import run_bounds
 from .._backend import FlatBuffers
 from .._layout import StackLayout
 from ._ffi import register_kernel
+from ._vector import add_scaled, row_address
 
 _jit = numba.njit(nogil=True, cache=True, error_model="numpy", boundscheck=False)
 
@@ -98,11 +99,9 @@ def _aggregate(rows, samples, gains, grads, unique, sums, distinct):
             last = r
             for d in range(dim):
                 sums[u, d] = 0.0
-        g = gains[i]
         s = samples[i]
         if 0 <= s < grads.shape[0]:  # a sample outside the gradients contributes nothing
-            for d in range(dim):
-                sums[u, d] += g * grads[s, d]
+            add_scaled(row_address(sums, u), row_address(grads, s), gains[i], dim)
     distinct[0] = u + 1
     return 0
 
@@ -141,11 +140,8 @@ def _lookup_buffers_kernel(layout, which, row_pointers, embedding_ids, sample_id
                     if not entry_in_range(embedding_ids[j], sample_ids[j], rows_per_shard,
                                           samples):
                         continue
-                    r = base + embedding_ids[j]
-                    o = s * samples + sample_ids[j]
-                    g = gains[j]
-                    for d in range(dim):
-                        out[o, d] += g * table[r, d]
+                    add_scaled(row_address(out, s * samples + sample_ids[j]),
+                               row_address(table, base + embedding_ids[j]), gains[j], dim)
     return 0
 
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from ...preprocessing._pointers import prefetch
 from ._kernels import entry_in_range
+from ._vector import add_scaled, row_address
 
 _jit = numba.njit(nogil=True, cache=True, error_model="numpy", boundscheck=False)
 
@@ -82,6 +83,7 @@ def next_row(cursors, stops, embedding_ids, sample_ids, gains, grads, rows_per_s
     dim = acc.shape[0]
     for d in range(dim):
         acc[d] = 0.0
+    acc_address = acc.ctypes.data
     for s in range(cursors.shape[0]):
         j = cursors[s]
         base = s * samples
@@ -90,10 +92,8 @@ def next_row(cursors, stops, embedding_ids, sample_ids, gains, grads, rows_per_s
             if entry_in_range(row, sample_ids[j], rows_per_shard, samples):
                 if row != best:
                     break
-                g = gains[j]
-                o = base + sample_ids[j]
-                for d in range(dim):
-                    acc[d] += g * grads[o, d]
+                add_scaled(acc_address, row_address(grads, base + sample_ids[j]), gains[j],
+                           dim)
             j += 1
         cursors[s] = j
     return best
