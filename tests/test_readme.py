@@ -13,9 +13,11 @@ makes runs, while a run pays for jax, flax and numba's imports once instead of o
 command (~1.7 CPU-s each, ~20 commands a run).
 
 What would not carry from one `tilecore` process to the next is put back after each call:
-os.environ, the working directory, the warnings filters. JAX starts before the first call
-with the devices a fresh process gets, so a command that needs more (`train --devices 2`)
-runs itself again in a child process, as it does for a reader. A call whose environment
+os.environ, the working directory, the warnings filters. JAX starts before the first call,
+with two CPU devices: the most any README command asks for, so `train --devices 2` runs
+in the driver too (a command without `--devices` uses one device whatever JAX has). A
+reader's one-device process runs such a command again in a child process: test_train and
+test_bench_step check that path. A call whose environment
 differs from the driver's (`VAR=x tilecore ...`) runs as a process of its own, since the
 driver's imports have read the environment already.
 """
@@ -35,6 +37,8 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
+
+from tilecore_apps._devices import with_device_count
 
 ROOT = Path(__file__).parent.parent
 README = ROOT / "README.md"
@@ -93,8 +97,11 @@ def _small(command: str) -> str:
 def _make_n(line: str, cwd: Path) -> str:
     """The commands `make <target>` runs, but for installing."""
     target = line.removeprefix("make ")
-    done = subprocess.run(["make", "-n", "-o", "install", "-f", str(ROOT / "Makefile"), target],
-                          cwd=cwd, capture_output=True, text=True, check=True)
+    # Not a sub-make of `make test`'s: no "Entering directory" lines, no inherited flags.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+    done = subprocess.run(["make", "-n", "--no-print-directory", "-o", "install", "-f",
+                           str(ROOT / "Makefile"), target],
+                          cwd=cwd, env=env, capture_output=True, text=True, check=True)
     return done.stdout.replace("\\\n", " ")
 
 
@@ -156,7 +163,7 @@ def _drive(program: str) -> None:  # pragma: no cover (runs in the driver proces
 
     with open(program) as file:
         spec = json.load(file)
-    jax.devices()  # JAX starts with the devices a fresh `tilecore` process starts with
+    jax.devices()  # JAX starts here, with the devices XLA_FLAGS gives it
     (script,) = entry_points(group="console_scripts", name="tilecore")
     main = script.load()
     requests = os.open(spec["requests"], os.O_RDWR)  # held open: a read waits for a shim
@@ -301,6 +308,7 @@ def test_readme_runs_in_order_twice(tmp_path: Path) -> None:
            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
     source = f"{inspect.getsource(_drive)}\n_drive({str(program)!r})\n"
+    env["XLA_FLAGS"] = with_device_count(env.get("XLA_FLAGS", ""), 2)  # see the docstring
     for run in ("first", "second"):
         # -u: the driver's output and bash's interleave in order; -P: nothing from `fresh`
         # shadows a module.

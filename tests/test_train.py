@@ -572,3 +572,33 @@ def test_input_processes_option_is_checked(capsys: pytest.CaptureFixture[str]) -
     assert "--input-processes: must be an integer >= 0, got '-1'" in capsys.readouterr().err
     with pytest.raises(ValueError, match="input_processes must be an integer >= 0"):
         _tiny_config(input_processes=-2)
+
+
+def test_too_few_devices_run_the_command_again_in_a_child(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # This process's JAX has started with fewer devices than asked for: the command runs
+    # again in a child process whose XLA_FLAGS ask for them (not started here: the child
+    # is replaced by a recorder), and its exit status is the command's.
+    from tilecore_apps import _devices
+    from tilecore_apps.cli import _train
+
+    assert jax.device_count() < 8
+    calls = []
+
+    def child(args: list[str], env: dict[str, str], check: bool) -> subprocess.CompletedProcess:
+        calls.append((args, env))
+        return subprocess.CompletedProcess(args, 3)
+
+    monkeypatch.setattr(_devices.subprocess, "run", child)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_foo=1 --xla_force_host_platform_device_count=1")
+    monkeypatch.delenv(_devices.RERUN_ENV, raising=False)
+    assert _train._ensure_devices(8, ["train", "--devices", "8"]) == 3
+    ((args, env),) = calls
+    assert args[0] == sys.executable and args[-3:] == ["train", "--devices", "8"]
+    assert env["XLA_FLAGS"] == "--xla_cpu_foo=1 --xla_force_host_platform_device_count=8"
+    assert env[_devices.RERUN_ENV] == "1"
+    assert "running again" in capsys.readouterr().out
+    # The child itself never runs a grandchild: it says what is wrong instead.
+    monkeypatch.setenv(_devices.RERUN_ENV, "1")
+    with pytest.raises(ValueError, match="--devices 8"):
+        _train._ensure_devices(8, ["train", "--devices", "8"])
