@@ -4,13 +4,24 @@ workers share."""
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import os
 import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import jax
+# One JAX compilation cache for the whole session: the xdist workers and the subprocesses
+# the tests start inherit it from the process that made it (JAX reads it on import), so a
+# program compiled in one process is loaded, not compiled again, in the others.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _cache = tempfile.mkdtemp(prefix="tilecore-tests-jax-cache-")
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.3")
+
+import jax  # noqa: E402
 import pytest
 from hypothesis import HealthCheck, settings
 
