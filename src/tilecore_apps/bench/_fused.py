@@ -1,4 +1,4 @@
-"""The training step `tilecore bench step` times: tilecore's fused ops, and the dense model.
+"""The training step `bench step` and `bench scale` time: tilecore's fused ops, the dense model.
 
 The same tiny dense "model" sits on top of both the fused and the naive step: a
 fixed random projection of every feature's activations, and half the mean
@@ -22,6 +22,8 @@ from jax.sharding import Mesh
 import tilecore as tc
 from tilecore import ops
 
+from ._timing import median_seconds
+
 OPTIMIZERS: dict[str, Callable[[], tc.OptimizerSpec]] = {
     "sgd": tc.SGD,
     "adagrad": tc.Adagrad,
@@ -41,10 +43,24 @@ def uniform_init(key: jax.Array, shape: Sequence[int], dtype: Any = jnp.float32)
     return jax.random.uniform(key, tuple(shape), dtype, -INIT_SCALE, INIT_SCALE)
 
 
+def lean_init(key: jax.Array, shape: Sequence[int], dtype: Any = jnp.float32) -> jax.Array:
+    """Values spread over (−0.05, 0.05) by hashing each element's index (the key unused).
+
+    Initialising holds nothing but the table: `uniform_init`'s threefry bits hold about
+    three tables' worth of temporaries at their peak, which a run sized to the memory
+    cannot afford. `shape` is 2-D: `(rows, dim)`.
+    """
+    del key
+    rows, cols = (jax.lax.broadcasted_iota(jnp.uint32, tuple(shape), d) for d in (0, 1))
+    bits = ((rows * jnp.uint32(shape[1]) + cols) * jnp.uint32(2654435761)) >> 8  # 24 bits
+    return ((bits.astype(jnp.float32) / 2**24 - 0.5) * (2 * INIT_SCALE)).astype(dtype)
+
+
 def bench_features(
-    features: Sequence[tc.FeatureSpec], optimizer: tc.OptimizerSpec, *, max_vocab: int | None
+    features: Sequence[tc.FeatureSpec], optimizer: tc.OptimizerSpec, *, max_vocab: int | None,
+    initializer: Callable[..., jax.Array] = uniform_init,
 ) -> list[tc.FeatureSpec]:
-    """The workload's features with `optimizer` and `uniform_init` on every table.
+    """The workload's features with `optimizer` and `initializer` on every table.
 
     `max_vocab` caps every vocabulary (tiny test runs; IDs are then taken modulo it).
     """
@@ -55,7 +71,7 @@ def bench_features(
         if name not in tables:
             vocab = feature.table.vocab_size
             tables[name] = dataclasses.replace(
-                feature.table, optimizer=optimizer, initializer=uniform_init,
+                feature.table, optimizer=optimizer, initializer=initializer,
                 vocab_size=vocab if max_vocab is None else min(vocab, max_vocab),
             )
         out.append(dataclasses.replace(feature, table=tables[name]))
@@ -98,3 +114,31 @@ def fused_step(plan: tc.StackingPlan, mesh: Mesh | None,
         return ops.lookup_grad(plan, batch, variables, grads, step, mesh=mesh)
 
     return jax.jit(step, donate_argnums=0)
+
+
+def put_batches(prepped: Sequence[tc.PreprocessedBatch], mesh: Mesh | None) -> list[Any]:
+    """The batches on the devices (the input pipeline, not timed): buffers split over the
+    mesh's axis, the minibatch count replicated; on one device (no mesh) all on it."""
+    if mesh is None:
+        return [jax.device_put(b) for b in prepped]
+    split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*mesh.axis_names))
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    return [jax.device_put(b, jax.tree.map(lambda x: split if np.ndim(x) else replicated, b))
+            for b in prepped]
+
+
+def time_step(plan: tc.StackingPlan, batches: Sequence[Any], mesh: Mesh | None,
+              weights: Mapping[str, np.ndarray], variables: Any, timing: Mapping[str, int]
+              ) -> float:
+    """Median seconds of `fused_step` over `batches` (cycled) from `variables`, which it
+    donates: the caller's arrays are gone after the first call, and the last step's are
+    dropped on return. `timing`: `median_seconds`'s `warmup` and `repeats`."""
+    train = fused_step(plan, mesh, weights)
+    state = {"variables": variables}
+    n = len(batches)
+
+    def call(i: int) -> Any:  # the variables are donated: keep only the new ones
+        state["variables"] = train(state["variables"], batches[i % n], jnp.int32(i))
+        return state["variables"]
+
+    return median_seconds(call, **timing)

@@ -236,32 +236,19 @@ def _time_fused(plan: tc.StackingPlan, prepped: list[tc.PreprocessedBatch], mesh
 
     from tilecore import ops
 
-    from ._fused import fused_forward, fused_step
+    from ._fused import fused_forward, put_batches, time_step
 
-    sharding = None if mesh is None else jax.sharding.NamedSharding(
-        mesh, jax.sharding.PartitionSpec(DEFAULT_AXIS))
-    # Input pipeline (not timed): buffers split over the mesh, the minibatch count replicated.
-    replicated = None if mesh is None else jax.sharding.NamedSharding(
-        mesh, jax.sharding.PartitionSpec())
-    batches = [jax.device_put(b, jax.tree.map(lambda x: sharding if np.ndim(x) else replicated, b))
-               for b in prepped]
+    batches = put_batches(prepped, mesh)
     n = len(batches)
-    state = {"variables": ops.init_tables(plan, jax.random.key(seed), mesh=mesh)}
+    variables = ops.init_tables(plan, jax.random.key(seed), mesh=mesh)
     forward = fused_forward(plan, mesh)
-    jax.block_until_ready(state["variables"])
+    jax.block_until_ready(variables)
     setup_peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
     probe = PeakProbe.start()  # resets the peak: ru_maxrss too
-    forward_s = median_seconds(lambda i: forward(state["variables"], batches[i % n]), **timing)
-    train = fused_step(plan, mesh, weights)
-
-    def call(i: int) -> Any:  # the variables are donated: keep only the new ones
-        state["variables"] = train(state["variables"], batches[i % n], jax.numpy.int32(i))
-        return state["variables"]
-
-    step_s = median_seconds(call, **timing)
+    forward_s = median_seconds(lambda i: forward(variables, batches[i % n]), **timing)
+    step_s = time_step(plan, batches, mesh, weights, variables, timing)  # donates them
     peak_mb = probe.peak_bytes() / 2**20
-    state.clear()
-    gc.collect()  # free the tables before the naive step allocates its own
+    gc.collect()  # the tables went with the last step; the rest before the naive step runs
     return forward_s, step_s, setup_peak_mb, peak_mb
 
 

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import io
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from .._plot import png, pyplot
 
 
 def plot_load(results: Sequence[Mapping[str, Any]]) -> bytes:
     """PNG bytes: one subplot per stack (rows) and topology (columns); bars are the
     max over batches of each partition's max IDs, the dots their mean, the dashed
     line the current `max_ids_per_partition` limit (drawn when within 4x of the load)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     names = list(dict.fromkeys(n for r in results for n in r["stacks"]))
     rows, cols = len(names), len(results)
     fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols + 1, 2.6 * rows + 0.6),
@@ -44,7 +41,4 @@ def plot_load(results: Sequence[Mapping[str, Any]]) -> bytes:
             if r == 0 and c == 0:
                 ax.legend(fontsize=7)
     fig.suptitle("max IDs per partition over batches (bars: max, dots: mean)", fontsize=9)
-    out = io.BytesIO()
-    fig.savefig(out, format="png", dpi=100)
-    plt.close(fig)
-    return out.getvalue()
+    return png(fig)

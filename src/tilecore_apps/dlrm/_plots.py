@@ -2,26 +2,9 @@
 
 from __future__ import annotations
 
-import io
-from typing import Any
-
+from .._plot import png as _png
+from .._plot import pyplot as _pyplot
 from ._summary import TrainSummary
-
-
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _png(fig: Any) -> bytes:
-    out = io.BytesIO()
-    fig.savefig(out, format="png", dpi=100)
-    _pyplot().close(fig)
-    return out.getvalue()
 
 
 def plot_curves(summary: TrainSummary) -> bytes:
