@@ -21,7 +21,7 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.3")
 
-import jax  # noqa: E402
+import jax
 import pytest
 from hypothesis import HealthCheck, settings
 
