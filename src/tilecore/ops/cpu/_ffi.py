@@ -154,8 +154,9 @@ def _kernel_sources(kernel: Any) -> list[str]:
     py_func = getattr(kernel, "py_func", kernel)
     kernel_file = pathlib.Path(inspect.getsourcefile(py_func) or __file__)
     here = pathlib.Path(__file__).parent
-    packed = here.parent.parent / "preprocessing" / "_packed.py"  # the layout's reader
-    files = {pathlib.Path(__file__), here / "_ffi_abi.py", kernel_file, packed,
+    preprocessing = here.parent.parent / "preprocessing"  # the layout's reader, prefetching
+    files = {pathlib.Path(__file__), here / "_ffi_abi.py", kernel_file,
+             preprocessing / "_packed.py", preprocessing / "_pointers.py",
              *kernel_file.parent.glob("*.py")}
     return [f"{path.name}\n{path.read_text()}" for path in sorted(files)]
 

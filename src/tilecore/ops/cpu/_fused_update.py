@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib.util
-import inspect
 import pathlib
 import sys
 import tempfile
@@ -32,11 +31,10 @@ import numba
 import numpy as np
 
 from ...optimizers import update_rule
-from ...preprocessing import _packed
 from ...specs import OptimizerSpec
 from .._layout import StackLayout
 from .._variables import EmbeddingVariables
-from . import _kernels, _segments
+from . import _kernels
 from ._ffi import FfiKernel, _cache_dir, register_kernel
 from ._rule_source import RuleSource, hyper_kind, rule_source
 
@@ -138,8 +136,13 @@ class FusedKernels:
 
 
 def _fingerprint(text: str) -> str:
-    here = [inspect.getsource(m) for m in (_segments, _kernels, _packed,
-                                           sys.modules[__name__])]
+    """The generated module's key: its text and every source its compiled code embeds (numba
+    caches a function with the functions it calls, and watches only its own file)."""
+    package = pathlib.Path(__file__).parent
+    preprocessing = package.parent.parent / "preprocessing"
+    files = sorted([*package.glob("*.py"), preprocessing / "_packed.py",
+                    preprocessing / "_pointers.py"])
+    here = [f"{path.name}\n{path.read_text()}" for path in files]
     payload = "\0".join([text, *here, numba.__version__, jax.__version__])
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
