@@ -248,6 +248,7 @@ def _drive(program: str) -> None:  # pragma: no cover (runs in the driver proces
     for kind, text, line in spec["steps"]:
         if kind == "python":
             print(f"\n>>> the Python block at README.md line {line}", flush=True)
+            began = time.perf_counter()
             try:
                 with warnings.catch_warnings():  # as under pytest: pyproject's filterwarnings
                     warnings.simplefilter("error")
@@ -257,6 +258,7 @@ def _drive(program: str) -> None:  # pragma: no cover (runs in the driver proces
             except Exception:
                 traceback.print_exc()
                 sys.exit(f"\nFAILED: the Python block at README.md line {line}")
+            print(f"({time.perf_counter() - began:.1f} s)", flush=True)
         else:
             print(f"\n$ {text}", flush=True)
             began = time.perf_counter()
