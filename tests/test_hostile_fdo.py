@@ -262,6 +262,37 @@ def test_any_client_is_checked_by_load_for(plan: tc.StackingPlan) -> None:
         _Handed(stats(np.ones((1, 4), np.int64), "a")).load_for(plan)
 
 
+def test_update_preprocessing_parameters_checks_statistics_it_is_handed(
+        plan: tc.StackingPlan) -> None:
+    # Statistics from anywhere (here built by hand, as a client's `load()` could return
+    # them without `load_for`) are checked before a limit changes: nothing is applied.
+    def stats(ids: np.ndarray, stacks: str = "ab") -> tc.PreprocessStats:
+        return tc.PreprocessStats(
+            max_ids_per_partition=dict.fromkeys(stacks, ids),
+            max_unique_ids_per_partition={k: np.ones((1, 4), np.int32) for k in stacks},
+            required_buffer_size_per_sc={k: np.full((1, 4), 8, np.int32) for k in stacks},
+            id_drop_counters=dict.fromkeys(stacks, 0))
+
+    where = r"update_preprocessing_parameters: the statistics"
+    with pytest.raises(fdo.FdoStatsError, match=where + r": stack 'a' \(max_ids\) holds the "
+                       r"count -3"):
+        tc.update_preprocessing_parameters(plan, stats(np.array([[1, -3, 2, 3]])))
+    with pytest.raises(fdo.FdoStatsError, match=where + r": stack 'a' has max_ids=2, .* values per step"):
+        tc.update_preprocessing_parameters(plan, stats(np.ones((1, 2), np.int64)))
+    with pytest.raises(fdo.FdoStatsError, match=where + r": stack 'a' max_unique_ids holds"):
+        huge = stats(np.ones((1, 4), np.int64))
+        huge.max_unique_ids_per_partition["a"] = np.full((1, 4), 10**6, np.int64)
+        tc.update_preprocessing_parameters(plan, huge)
+    with pytest.raises(fdo.FdoStatsError, match=r"stack 'z' is not one of the plan's stacks"):
+        tc.update_preprocessing_parameters(plan, stats(np.ones((1, 4), np.int64), "z"))
+    # Statistics of some stacks only: the others keep their limits, without a warning.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tuned = tc.update_preprocessing_parameters(plan, stats(np.full((1, 4), 7, np.int64), "a"))
+    assert tuned.stacks["a"].max_ids_per_partition == 7
+    assert tuned.stacks["b"] == plan.stacks["b"]
+
+
 @pytest.mark.parametrize("client_type", [file_fdo_client.NPZFileFDOClient,
                                          csv_file_fdo_client.CSVFileFDOClient])
 def test_compat_publish_is_atomic(tmp_path: Path, client_type: type[_fdo.FileFDOClient],

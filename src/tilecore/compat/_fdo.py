@@ -32,7 +32,8 @@ from typing import IO, Any, ClassVar, cast
 import numpy as np
 
 from ..fdo._files import latest_files, publish_file
-from ..fdo._formats import check_counts, split_key
+from ..fdo._formats import split_key
+from ..preprocessing._observed import check_counts
 from ._fdo_checks import check_file, check_same_keys, join_rows
 from ._results import SparseDenseMatmulInputStats
 from .lib.fdo.fdo_client import FDOClient

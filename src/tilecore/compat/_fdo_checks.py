@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..fdo._errors import FdoStatsError
 from ..fdo._formats import SUFFIXES, split_key
+from ..preprocessing._errors import FdoStatsError
 
 _IDS, _UNIQUE, _BUFFER, _DROPS = SUFFIXES
 _FIX = "Delete the file and publish again (one base_dir per stacking plan)."

@@ -9,10 +9,11 @@ the statistics lack keeps its limits, with an `FdoStatsWarning`.
 Imports numpy only (never JAX).
 """
 
+from ..preprocessing._errors import FdoStatsError as FdoStatsError
+from ..preprocessing._errors import FdoStatsWarning as FdoStatsWarning
+from ..preprocessing._observed import check_stats as check_stats
 from ._client import FdoClient as FdoClient
 from ._csv import CsvFdoClient as CsvFdoClient
-from ._errors import FdoStatsError as FdoStatsError
-from ._errors import FdoStatsWarning as FdoStatsWarning
 from ._files import FileFdoClient as FileFdoClient
 from ._npz import NpzFdoClient as NpzFdoClient
 from ._tune import StackLimits as StackLimits
@@ -21,7 +22,6 @@ from ._tune import heuristic_limits as heuristic_limits
 from ._tune import limits_of as limits_of
 from ._tune import tune_limits as tune_limits
 from ._tune import with_headroom as with_headroom
-from ._validate import check_stats as check_stats
 
 __all__ = [
     "CsvFdoClient",

@@ -6,8 +6,8 @@ import abc
 from pathlib import Path
 
 from ..preprocessing import PreprocessStats
+from ..preprocessing._observed import check_stats
 from ..stacking import StackingPlan
-from ._validate import check_stats
 
 
 class FdoClient(abc.ABC):

@@ -6,7 +6,7 @@ and `<stack>_id_drop_counters`, each a 2-D int64 array with one row per recorded
 step (`[steps, N]`, `[steps, N]`, `[steps, S]`, `[steps, 1]`). Files in the
 layouts of jax-tpu-embedding 0.2.0's clients (0-d and 1-d arrays) load too; the
 formats themselves live in `_formats`. A client given the plan checks every file
-against it when loading (`_validate`); every publish is written atomically.
+against it when loading (`preprocessing._observed`); every publish is written atomically.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from typing import IO
 import numpy as np
 
 from ..preprocessing import PreprocessStats
+from ..preprocessing._errors import FdoStatsError
+from ..preprocessing._observed import FIELDS, as_rows, check_counts, check_stacks, warn_missing
 from ..stacking import StackingPlan
 from ._client import FdoClient
-from ._errors import FdoStatsError
-from ._formats import FIELDS, as_rows, check_counts, split_key
-from ._validate import check_stacks, warn_missing
+from ._formats import split_key
 
 _PREFIX = "fdo_stats"
 

@@ -13,7 +13,7 @@ Readers check every header before allocating and every value, so a hostile file
 (truncated, non-integer, negative or absurd counts, ragged rows) is an
 `FdoStatsError` (a ValueError) naming the file, the stack and the value, never a
 crash or a huge allocation. Whether the counts fit a plan is checked later
-(`_validate`), when the plan is known.
+(`preprocessing._observed`), when the plan is known.
 """
 
 from __future__ import annotations
@@ -28,16 +28,11 @@ from typing import IO
 
 import numpy as np
 
-from ._errors import FdoStatsError
+from ..preprocessing._errors import FdoStatsError
+from ..preprocessing._observed import FIELDS, check_counts
 
-SUFFIXES = ("_max_ids", "_max_unique_ids", "_required_buffer_size", "_id_drop_counters")
-"""Key suffixes, in the order of the reference's `SparseDenseMatmulInputStats` fields."""
-
-FIELDS = tuple(suffix[1:] for suffix in SUFFIXES)
-"""Field names (the suffixes without their `_`): `max_ids`, `max_unique_ids`, …"""
-
-MAX_COUNT = 2**31 - 1
-"""Counts are int32 on the device; a larger one is a corrupt file."""
+SUFFIXES = tuple(f"_{field}" for field in FIELDS)
+"""Key suffixes: `_max_ids`, `_max_unique_ids`, `_required_buffer_size`, `_id_drop_counters`."""
 
 MAX_ELEMENTS = 1 << 26
 """Most values one key may hold (512 MiB of int64): a larger array is refused unread."""
@@ -60,29 +55,6 @@ def describe(key: str) -> str:
     """`stack 's' (max_ids)` for a key with a known suffix, else the quoted key."""
     parts = split_key(key)
     return f"key {key!r}" if parts is None else f"stack {parts[0]!r} ({parts[1][1:]})"
-
-
-def check_counts(array: np.ndarray, where: str, fix: str = _CORRUPT) -> np.ndarray:
-    """`array` as int64 if it holds 0-, 1- or 2-d counts in [0, MAX_COUNT], else FdoStatsError.
-
-    `where` names the file and key (or the table) in the message; `fix` ends it.
-    """
-    if not np.issubdtype(array.dtype, np.integer) or array.ndim > 2:
-        raise FdoStatsError(f"{where} has dtype {array.dtype} and shape {array.shape}; expected "
-                            f"0-, 1- or 2-d integers. {fix}")
-    if array.ndim and array.shape[-1] == 0:
-        raise FdoStatsError(f"{where} has shape {array.shape}: no values. {fix}")
-    if array.size:
-        low, high = int(array.min()), int(array.max())
-        if low < 0 or high > MAX_COUNT:
-            bad = low if low < 0 else high
-            raise FdoStatsError(f"{where} holds the count {bad}, outside [0, {MAX_COUNT}]. {fix}")
-    return array.astype(np.int64, copy=False)
-
-
-def as_rows(array: np.ndarray) -> np.ndarray:
-    """Checked counts as `[steps, width]`: a 0-d array is `[1, 1]`, a 1-d one `[1, width]`."""
-    return array.reshape(-1, array.shape[-1] if array.ndim else 1)
 
 
 def write_npz(file: IO[bytes], arrays: Mapping[str, np.ndarray]) -> None:
@@ -111,7 +83,7 @@ def read_npz(path: Path) -> dict[str, np.ndarray]:
                 raise FdoStatsError(f"FDO file {path}: {describe(key)} cannot be read "
                                     f"(truncated or corrupt): {e}. Delete it and publish "
                                     "again.") from None
-            out[key] = check_counts(array, f"FDO file {path}: {describe(key)}")
+            out[key] = check_counts(array, f"FDO file {path}: {describe(key)}", _CORRUPT)
     return out
 
 
@@ -190,7 +162,8 @@ def read_csv(path: Path) -> dict[str, np.ndarray]:
             raise FdoStatsError(
                 f"{where} holds a count beyond int64. The file is corrupt.") from None
     return {key: check_counts(r[0] if len(r) == 1 else np.vstack(r),
-                              f"FDO file {path}: {describe(key)}") for key, r in rows.items()}
+                              f"FDO file {path}: {describe(key)}", _CORRUPT)
+            for key, r in rows.items()}
 
 
 def _split_row(line: str, number: int, path: Path) -> tuple[str, str]:

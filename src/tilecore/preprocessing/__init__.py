@@ -11,7 +11,7 @@ from ._errors import PeerPreprocessingError as PeerPreprocessingError
 from ._limits import check_limits as check_limits
 from ._limits import coo_buffer_size_per_device as coo_buffer_size_per_device
 from ._limits import row_pointers_size_per_device as row_pointers_size_per_device
-from ._limits import update_preprocessing_parameters as update_preprocessing_parameters
+from ._observed import update_preprocessing_parameters as update_preprocessing_parameters
 from ._preprocess import FeatureInput as FeatureInput
 from ._preprocess import preprocess as preprocess
 from ._signature import batch_signature as batch_signature

@@ -70,3 +70,17 @@ class PeerPreprocessingError(RuntimeError):
             f"Batch {batch_number}: another process could not preprocess it (one minibatching "
             "bucket exceeded a limit there; its own error says which stack and partition). "
             "This process stops too rather than wait for it in the device ops.")
+
+
+class FdoStatsError(ValueError):
+    """Invalid FDO statistics: a corrupt file, or counts that do not fit the plan.
+
+    The message names the file (or where the statistics came from), the stack,
+    the field and the value, and says how to fix it. A `ValueError`, so callers
+    catching that keep working. (Defined with the statistics it judges;
+    `tilecore.fdo` exports it.)
+    """
+
+
+class FdoStatsWarning(UserWarning):
+    """FDO statistics that leave some of a plan's limits as they are (a stack missing)."""

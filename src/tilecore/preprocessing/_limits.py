@@ -62,34 +62,6 @@ def coo_buffer_size_per_device(stack: StackSpec, topology: Topology, *,
     return size
 
 
-def update_preprocessing_parameters(plan: StackingPlan, stats: PreprocessStats) -> StackingPlan:
-    """A plan whose stack limits are the maxima observed in `stats`.
-
-    `max_ids_per_partition` and `max_unique_ids_per_partition` become the largest
-    observed counts (at least 1); the suggested COO buffer becomes the largest
-    per-SparseCore requirement × SparseCores per device. In a multi-process job,
-    merge the statistics of all processes first so every process agrees.
-    """
-    s = plan.topology.sc_per_device
-    for name in stats.max_ids_per_partition:
-        if name not in plan.stacks:
-            raise ValueError(
-                f"Statistics name stack {name!r}, which the plan does not have "
-                f"(stacks: {sorted(plan.stacks)}): they come from another plan."
-            )
-        plan = plan.with_stack_limits(
-            name,
-            max_ids_per_partition=max(1, int(stats.max_ids_per_partition[name].max(initial=0))),
-            max_unique_ids_per_partition=max(
-                1, int(stats.max_unique_ids_per_partition[name].max(initial=0))
-            ),
-            suggested_coo_buffer_size_per_device=max(
-                8 * s, int(stats.required_buffer_size_per_sc[name].max(initial=0)) * s
-            ),
-        )
-    return plan
-
-
 def check_limits(plan: StackingPlan, stats: PreprocessStats) -> None:
     """Raise `LimitExceededError` for the first stack whose statistics exceed its limits."""
     for name, stack in plan.stacks.items():

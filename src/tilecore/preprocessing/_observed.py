@@ -1,10 +1,11 @@
-"""Checks that FDO statistics fit a plan before they change its limits.
+"""Limits from observed statistics: checked against the plan, then applied.
 
-`update_preprocessing_parameters` turns statistics into limits without asking
-where they came from. Statistics loaded from files are checked here first,
-against the plan (its stacks, topology and batch sizes), so a corrupt file or
-one of another plan is an `FdoStatsError` naming the file, the stack, the field
-and the value, never silently applied limits or a huge buffer allocation:
+`update_preprocessing_parameters` turns statistics into limits. Whatever their
+source (a batch's `PreprocessStats`, an FDO file, a client's `load`), they are
+checked first against the plan (its stacks, topology and batch sizes), so
+statistics of another plan or corrupt counts are an `FdoStatsError` naming where
+they came from, the stack, the field and the value, never silently applied limits
+or a huge buffer allocation:
 
 - every stack must be one of the plan's;
 - widths must be the topology's: per step, `max_ids` and `max_unique_ids` hold
@@ -23,8 +24,8 @@ and the value, never silently applied limits or a huge buffer allocation:
   accepts for those limits, ÷ S), and roundup8(it) × S must stay below 2**31
   (a device's COO buffer is indexed by int32 row pointers).
 
-A stack of the plan that the statistics lack keeps its current limits (as
-`update_preprocessing_parameters` leaves it), with an `FdoStatsWarning` naming it.
+A stack of the plan that the statistics lack keeps its current limits; loaded from
+FDO files, with an `FdoStatsWarning` naming it (`warn_missing`).
 """
 
 from __future__ import annotations
@@ -34,11 +35,40 @@ from collections.abc import Collection, Mapping
 
 import numpy as np
 
-from ..preprocessing import PreprocessStats
-from ..preprocessing._limits import MINIBATCHING_FACTOR
 from ..stacking import StackingPlan, round_up
 from ._errors import FdoStatsError, FdoStatsWarning
-from ._formats import FIELDS, MAX_COUNT, as_rows, check_counts
+from ._limits import MINIBATCHING_FACTOR
+from ._types import PreprocessStats
+
+FIELDS = ("max_ids", "max_unique_ids", "required_buffer_size", "id_drop_counters")
+"""The statistics' fields, in the order of the reference's `SparseDenseMatmulInputStats`."""
+
+MAX_COUNT = 2**31 - 1
+"""Counts are int32 on the device; a larger one is corrupt."""
+
+
+def check_counts(array: np.ndarray, where: str, fix: str) -> np.ndarray:
+    """`array` as int64 if it holds 0-, 1- or 2-d counts in [0, MAX_COUNT], else FdoStatsError.
+
+    `where` names the file and key (or the table) in the message; `fix` ends it.
+    """
+    if not np.issubdtype(array.dtype, np.integer) or array.ndim > 2:
+        raise FdoStatsError(f"{where} has dtype {array.dtype} and shape {array.shape}; expected "
+                            f"0-, 1- or 2-d integers. {fix}")
+    if array.ndim and array.shape[-1] == 0:
+        raise FdoStatsError(f"{where} has shape {array.shape}: no values. {fix}")
+    if array.size:
+        low, high = int(array.min()), int(array.max())
+        if low < 0 or high > MAX_COUNT:
+            bad = low if low < 0 else high
+            raise FdoStatsError(f"{where} holds the count {bad}, outside [0, {MAX_COUNT}]. {fix}")
+    return array.astype(np.int64, copy=False)
+
+
+def as_rows(array: np.ndarray) -> np.ndarray:
+    """Checked counts as `[steps, width]`: a 0-d array is `[1, 1]`, a 1-d one `[1, width]`."""
+    return array.reshape(-1, array.shape[-1] if array.ndim else 1)
+
 
 Fields = Mapping[str, np.ndarray]
 """A stack's statistics: field (`max_ids`, …) → `[steps, width]` int64 counts."""
@@ -79,16 +109,18 @@ def warn_missing(plan: StackingPlan, present: Collection[str], where: str) -> No
             "of every stack of the plan (one client per plan) to tune it."), stacklevel=3)
 
 
-def check_stats(plan: StackingPlan, stats: PreprocessStats, where: str) -> PreprocessStats:
+def check_stats(plan: StackingPlan, stats: PreprocessStats, where: str, *,
+                warn: bool = True) -> PreprocessStats:
     """`stats` if they may set `plan`'s limits, else an `FdoStatsError` naming `where`.
 
     For statistics from any source (e.g. an `FdoClient.load`): each stack's three
-    limit fields are checked (`check_counts`, then `check_stacks`), and each stack
-    of the plan they lack is an `FdoStatsWarning` (it keeps its limits).
+    limit fields are checked (`check_counts`, then `check_stacks`), and with `warn`
+    each stack of the plan they lack is an `FdoStatsWarning` (it keeps its limits).
     """
     stacks = {name: _fields_of(stats, name, where) for name in stats.max_ids_per_partition}
     check_stacks(plan, stacks, where)
-    warn_missing(plan, stacks, where)
+    if warn:
+        warn_missing(plan, stacks, where)
     return stats
 
 
@@ -156,3 +188,30 @@ def _at_most(fields: Fields, field: str, bound: int, why: str, name: str, where:
         raise FdoStatsError(
             f"{where}: stack {name!r} {field} holds {int(array[step, column])} (step {step}, "
             f"column {column}), more than {bound}: {why}. No batch of this plan needs that. {_FIX}")
+
+
+def update_preprocessing_parameters(plan: StackingPlan, stats: PreprocessStats) -> StackingPlan:
+    """A plan whose stack limits are the maxima observed in `stats`.
+
+    `max_ids_per_partition` and `max_unique_ids_per_partition` become the largest
+    observed counts (at least 1); the suggested COO buffer becomes the largest
+    per-SparseCore requirement × SparseCores per device; stacks the statistics do
+    not name keep their limits. In a multi-process job, merge the statistics of all
+    processes first so every process agrees. Statistics that cannot be this plan's
+    (another plan's stacks or topology, negative or impossible counts) raise
+    `FdoStatsError` (`check_stats`) before any limit changes.
+    """
+    check_stats(plan, stats, "update_preprocessing_parameters: the statistics", warn=False)
+    s = plan.topology.sc_per_device
+    for name in stats.max_ids_per_partition:
+        plan = plan.with_stack_limits(
+            name,
+            max_ids_per_partition=max(1, int(stats.max_ids_per_partition[name].max(initial=0))),
+            max_unique_ids_per_partition=max(
+                1, int(stats.max_unique_ids_per_partition[name].max(initial=0))
+            ),
+            suggested_coo_buffer_size_per_device=max(
+                8 * s, int(stats.required_buffer_size_per_sc[name].max(initial=0)) * s
+            ),
+        )
+    return plan
