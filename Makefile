@@ -38,7 +38,8 @@ test: install-dev
 
 # Differential tests against the real reference (jax-tpu-embedding 0.2.0, Python >= 3.12) in
 # its own venv; never a tilecore dependency. `make test` skips these tests when the venv is absent.
-PYTHON312 ?= $(shell command -v python3.12 || ls $(HOME)/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | tail -1)
+# The first python3.12 that runs (a pyenv shim exists without a 3.12 selected, and fails).
+PYTHON312 ?= $(shell for p in $$(command -v python3.12) $(HOME)/.pyenv/versions/3.12*/bin/python3.12; do "$$p" -c '' 2>/dev/null && { echo "$$p"; break; }; done)
 REFERENCE_VENV := .venv-reference
 REFERENCE_STAMP := $(REFERENCE_VENV)/.installed
 
