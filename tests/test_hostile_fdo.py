@@ -246,14 +246,17 @@ class _Handed(fdo.FdoClient):
         return self.stats
 
 
-def test_any_client_is_checked_by_load_for(plan: tc.StackingPlan) -> None:
-    def stats(ids: np.ndarray, stacks: str = "ab") -> tc.PreprocessStats:
-        return tc.PreprocessStats(
-            max_ids_per_partition=dict.fromkeys(stacks, ids),
-            max_unique_ids_per_partition={k: np.ones((1, 4), np.int32) for k in stacks},
-            required_buffer_size_per_sc={k: np.full((1, 4), 8, np.int32) for k in stacks},
-            id_drop_counters=dict.fromkeys(stacks, 0))
+def stats(ids: np.ndarray, stacks: str = "ab") -> tc.PreprocessStats:
+    """Statistics built by hand, as a client's `load()` could return them: `ids` as every
+    named stack's `max_ids`, plausible other fields."""
+    return tc.PreprocessStats(
+        max_ids_per_partition=dict.fromkeys(stacks, ids),
+        max_unique_ids_per_partition={k: np.ones((1, 4), np.int32) for k in stacks},
+        required_buffer_size_per_sc={k: np.full((1, 4), 8, np.int32) for k in stacks},
+        id_drop_counters=dict.fromkeys(stacks, 0))
 
+
+def test_any_client_is_checked_by_load_for(plan: tc.StackingPlan) -> None:
     with pytest.raises(fdo.FdoStatsError, match=r"_Handed.load\(\).*stack 'a' \(max_ids\).*float"):
         _Handed(stats(np.array([[1.0, np.nan, 2, 3]]))).load_for(plan)
     with pytest.raises(fdo.FdoStatsError, match=r"_Handed.load\(\).*stack 'a' has max_ids=2"):
@@ -266,18 +269,12 @@ def test_update_preprocessing_parameters_checks_statistics_it_is_handed(
         plan: tc.StackingPlan) -> None:
     # Statistics from anywhere (here built by hand, as a client's `load()` could return
     # them without `load_for`) are checked before a limit changes: nothing is applied.
-    def stats(ids: np.ndarray, stacks: str = "ab") -> tc.PreprocessStats:
-        return tc.PreprocessStats(
-            max_ids_per_partition=dict.fromkeys(stacks, ids),
-            max_unique_ids_per_partition={k: np.ones((1, 4), np.int32) for k in stacks},
-            required_buffer_size_per_sc={k: np.full((1, 4), 8, np.int32) for k in stacks},
-            id_drop_counters=dict.fromkeys(stacks, 0))
-
     where = r"update_preprocessing_parameters: the statistics"
     with pytest.raises(fdo.FdoStatsError, match=where + r": stack 'a' \(max_ids\) holds the "
                        r"count -3"):
         tc.update_preprocessing_parameters(plan, stats(np.array([[1, -3, 2, 3]])))
-    with pytest.raises(fdo.FdoStatsError, match=where + r": stack 'a' has max_ids=2, .* values per step"):
+    with pytest.raises(fdo.FdoStatsError,
+                       match=where + r": stack 'a' has max_ids=2, .* values per step"):
         tc.update_preprocessing_parameters(plan, stats(np.ones((1, 2), np.int64)))
     with pytest.raises(fdo.FdoStatsError, match=where + r": stack 'a' max_unique_ids holds"):
         huge = stats(np.ones((1, 4), np.int64))

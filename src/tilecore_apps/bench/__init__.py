@@ -4,8 +4,8 @@
 - `step`: the device ops' forward and training step against a naive JAX step (and,
   with `--peer-python`, FBGEMM's table-batched embeddings run by another Python:
   `peers/fbgemm_tbe.py`).
-- `scale`: the training step's time against vocabulary size (flat until memory runs out)
-  and against IDs per batch (linear), as JSON and a PNG.
+- `scale`: the training step's time against vocabulary size (up to a memory budget) and
+  against IDs per batch, as JSON and a PNG.
 - `train`: whether the host or the device limits the DLRM trainer.
 
 Like the rest of `tilecore_apps`, these use only tilecore's public API.

@@ -1,8 +1,10 @@
 """`tilecore bench scale`: the fused training step's time against vocabulary size and IDs per batch.
 
 One table, one multi-hot feature, Zipf IDs (exponent 1.1, as criteo26) at a fixed batch
-size. The vocabulary sweep holds the IDs per batch fixed: its step time should stay flat
-until the table and its optimizer slots no longer fit in memory. The IDs sweep holds the
+size. The vocabulary sweep holds the IDs per batch fixed, up to the vocabulary whose table
+and optimizer slots no longer fit the memory budget: the step should cost what the rows a
+batch touches cost, not what the table's size does (with Zipf IDs a larger vocabulary also
+means more distinct rows per batch: the JSON has them). The IDs sweep holds the
 vocabulary fixed and lengthens every sample: its step time should grow linearly.
 """
 
@@ -42,9 +44,9 @@ def add_parser(kinds: Any) -> None:
             "Time the fused training step (the one `bench step` times: lookup, a dense loss, "
             "jax.grad, lookup_grad with the variables donated; median of --repeats calls "
             "after --warmup) on one table with one multi-hot feature of Zipf IDs, in two "
-            "sweeps: over --vocab-sizes at --vocab-sweep-ids IDs per batch (flat until memory "
-            "runs out: sizes whose table and optimizer slots exceed --memory-limit-gb are "
-            "skipped, never allocated), and over --ids-per-batch at --ids-sweep-vocab (linear). "
+            "sweeps: over --vocab-sizes at --vocab-sweep-ids IDs per batch (sizes whose table "
+            "and optimizer slots exceed --memory-limit-gb are skipped, never allocated), and "
+            "over --ids-per-batch at --ids-sweep-vocab (linear). "
             "It runs on the JAX backend present: tilecore's CPU kernels on a CPU, the XLA "
             "path on a GPU; GPU figures come from running it on a GPU."
         ),

@@ -42,7 +42,7 @@ def upcoming_row(cursors, stops, embedding_ids, rows_per_shard):
 @_jit
 def prefetch_row(array, r):
     """Ask for row `r` of a 2-D C-contiguous array to be brought into the cache."""
-    address = array.ctypes.data + r * array.strides[0]
+    address = row_address(array, r)
     for offset in range(0, array.shape[1] * array.itemsize, 64):
         prefetch(address + offset)
 
