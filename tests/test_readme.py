@@ -2,7 +2,7 @@
 in one fresh directory (the repository's rule: every command the README shows works when
 run in order, and again), at a small size through documented flags.
 
-Each run is one fresh Python process, the driver (`_drive`, started from its source), which
+Each run is one fresh Python process, the driver (`_readme_driver.py`), which
 takes the README's steps in order: each shell line runs in bash, each Python block through
 `exec`. In the fresh directory `.venv/bin/tilecore` (also first on PATH) is a shim that
 hands its arguments, working directory and environment to the driver; the driver calls the
@@ -25,7 +25,6 @@ driver's imports have read the environment already.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import io
 import json
 import os
@@ -42,6 +41,8 @@ from tilecore_apps._devices import with_device_count
 
 ROOT = Path(__file__).parent.parent
 README = ROOT / "README.md"
+DRIVER = Path(__file__).parent / "_readme_driver.py"
+"""Runs one pass over the README (a script of its own, started fresh for each run)."""
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 SHELL = ("bash", "sh", "shell", "console")  # console: the commands are the `$ ` lines
 NOT_RUN = {"": "plain text (the layout tree)"}
@@ -132,7 +133,7 @@ def _program(cwd: Path) -> tuple[list[tuple[str, str, int]], set[str]]:
 
 
 def _shim(requests: Path, replies: Path, real: Path) -> str:
-    """`.venv/bin/tilecore` in the fresh directory: the call goes to the driver (`_drive`)."""
+    """`.venv/bin/tilecore` in the fresh directory: the call goes to the driver."""
     return f"""#!/bin/bash
 # tests/test_readme.py: `tilecore "$@"` runs in the test's driver process, which replies
 # with its exit status, or with `exec`: run it as a process of its own. The request is
@@ -143,129 +144,6 @@ read -r status < {shlex.quote(str(replies))}
 if [ "$status" = exec ]; then exec {shlex.quote(str(real))} "$@"; fi
 exit "$status"
 """
-
-
-def _drive(program: str) -> None:  # pragma: no cover (runs in the driver process)
-    """One run of the README's steps, in this fresh process (see the module docstring)."""
-    import contextlib
-    import json
-    import os
-    import select
-    import shlex
-    import subprocess
-    import sys
-    import time
-    import traceback
-    import warnings
-    from importlib.metadata import entry_points
-
-    import jax
-
-    with open(program) as file:
-        spec = json.load(file)
-    jax.devices()  # JAX starts here, with the devices XLA_FLAGS gives it
-    (script,) = entry_points(group="console_scripts", name="tilecore")
-    main = script.load()
-    requests = os.open(spec["requests"], os.O_RDWR)  # held open: a read waits for a shim
-    shell_owned = {"_", "SHLVL", "PWD", "OLDPWD"}  # what bash sets in the shim's environment
-
-    def differing(env: dict[str, str]) -> list[str]:
-        keys = (env.keys() | os.environ.keys()) - shell_owned
-        return sorted(key for key in keys if env.get(key) != os.environ.get(key))
-
-    def status_of(code: object) -> int:  # as `sys.exit(code)` exits
-        if code is None or isinstance(code, int):
-            return code or 0
-        print(code, file=sys.stderr)
-        return 1
-
-    def redirected(pid: str) -> list[int]:  # the shim's stdin/out/err that are not ours
-        def same(fd: int) -> bool:
-            with contextlib.suppress(OSError):  # no /proc: a process of its own
-                ours, shim = os.fstat(fd), os.stat(f"/proc/{pid}/fd/{fd}")
-                return (shim.st_dev, shim.st_ino) == (ours.st_dev, ours.st_ino)
-            return False
-
-        return [fd for fd in (0, 1, 2) if not same(fd)]
-
-    def tilecore(pid: str, argv: list[str], cwd: str, env: dict[str, str]) -> str:
-        print(f"+ tilecore {shlex.join(argv)}", flush=True)
-        if keys := differing(env):
-            print(f"(as a process of its own: its environment differs in {keys})", flush=True)
-            return "exec"
-        if fds := redirected(pid):
-            print(f"(as a process of its own: file descriptors {fds} are redirected)",
-                  flush=True)
-            return "exec"
-        environ, workdir = dict(os.environ), os.getcwd()
-        os.chdir(cwd)
-        try:
-            with warnings.catch_warnings():
-                return str(status_of(main(argv)))
-        except SystemExit as exit:  # argparse's usage errors, --help, --version
-            return str(status_of(exit.code))
-        except Exception:
-            traceback.print_exc()
-            return "1"
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os.chdir(workdir)
-            os.environ.clear()
-            os.environ.update(environ)
-
-    def request(buffer: bytes) -> tuple[tuple[str, list[str], str, dict[str, str]], bytes] | None:
-        """The first whole request in `buffer` (the shim's pid, cwd, argc, args, environment
-        entries, an empty field) and the rest of `buffer`; None until one is whole."""
-        fields = buffer.split(b"\0")
-        if len(fields) < 4:
-            return None
-        argc = int(fields[2])
-        ends = [i for i in range(3 + argc, len(fields) - 1) if not fields[i]]
-        if not ends:
-            return None
-        pid, cwd, args, env = fields[0], fields[1], fields[3:3 + argc], fields[3 + argc:ends[0]]
-        entries = (os.fsdecode(entry).partition("=") for entry in env)
-        call = (pid.decode(), [os.fsdecode(arg) for arg in args], os.fsdecode(cwd),
-                {key: value for key, _, value in entries})
-        return call, b"\0".join(fields[ends[0] + 1:])
-
-    def shell(line: str) -> int:
-        """bash's exit status for `line`, serving the `tilecore` calls it makes."""
-        bash, buffer = subprocess.Popen(["bash", "-c", line]), b""
-        while True:
-            if select.select([requests], [], [], 0.05)[0]:
-                buffer += os.read(requests, 1 << 16)
-                while (call := request(buffer)) is not None:
-                    status = tilecore(*call[0])
-                    buffer = call[1]
-                    with open(spec["replies"], "w") as reply:
-                        reply.write(f"{status}\n")
-            elif bash.poll() is not None:
-                return bash.returncode
-
-    namespace: dict[str, object] = {}  # consecutive Python blocks are one program
-    for kind, text, line in spec["steps"]:
-        if kind == "python":
-            print(f"\n>>> the Python block at README.md line {line}", flush=True)
-            began = time.perf_counter()
-            try:
-                with warnings.catch_warnings():  # as under pytest: pyproject's filterwarnings
-                    warnings.simplefilter("error")
-                    warnings.filterwarnings("ignore", category=DeprecationWarning,
-                                            module="numba.*")
-                    exec(compile("\n" * (line - 1) + text, spec["readme"], "exec"), namespace)
-            except Exception:
-                traceback.print_exc()
-                sys.exit(f"\nFAILED: the Python block at README.md line {line}")
-            print(f"({time.perf_counter() - began:.1f} s)", flush=True)
-        else:
-            print(f"\n$ {text}", flush=True)
-            began = time.perf_counter()
-            status = shell(text)
-            print(f"({time.perf_counter() - began:.1f} s)", flush=True)
-            if status:
-                sys.exit(f"\nFAILED (exit status {status}): README.md line {line}: $ {text}")
 
 
 def test_first_screen_has_the_two_set_up_commands() -> None:
@@ -309,13 +187,12 @@ def test_readme_runs_in_order_twice(tmp_path: Path) -> None:
            "JAX_COMPILATION_CACHE_DIR": str(fresh / ".jax-cache"),
            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
-    source = f"{inspect.getsource(_drive)}\n_drive({str(program)!r})\n"
     env["XLA_FLAGS"] = with_device_count(env.get("XLA_FLAGS", ""), 2)  # see the docstring
     for run in ("first", "second"):
         # -u: the driver's output and bash's interleave in order; -P: nothing from `fresh`
         # shadows a module.
-        done = subprocess.run([sys.executable, "-u", "-P", "-c", source], cwd=fresh, env=env,
-                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
+        done = subprocess.run([sys.executable, "-u", "-P", str(DRIVER), str(program)],
+                              cwd=fresh, env=env, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         assert done.returncode == 0, (
             f"the README failed on the {run} run in order, in {fresh}:\n{done.stdout[-6000:]}")
