@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -31,13 +32,20 @@ def test_data_writes_every_format(samples: Path, capsys: pytest.CaptureFixture[s
     assert "wrote" in capsys.readouterr().out  # writing again replaces the sample
 
 
-def test_train_on_criteo_tsv(samples: Path, tmp_path: Path) -> None:
+def test_train_on_criteo_tsv_reports_its_bad_rows(
+        samples: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    lines = (samples / "clicks.tsv").read_text().splitlines(keepends=True)
+    path = tmp_path / "clicks.tsv.gz"  # batches of 64: held out, training batches 0 and 1
+    path.write_bytes(gzip.compress("".join([*lines[:100], "bad\n", *lines[100:150],
+                                            "1\tbad\n", *lines[150:]]).encode()))
     out = tmp_path / "run"
-    assert main(["train", "--data", str(samples / "clicks.tsv.gz"), "--vocab-sizes", "50",
-                 *TINY, "--out", str(out)]) == 0
+    with pytest.warns(data.BadRowsWarning, match="line 101"):
+        assert main(["train", "--data", str(path), "--vocab-sizes", "50", *TINY, "--out",
+                     str(out), "--skip-bad-rows"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["batch_size"] == 64
     assert len(summary["limits"]) >= 1 and summary["loss"] > 0
+    assert summary["bad_rows"] == 2 and "bad rows      2 skipped" in capsys.readouterr().out
 
 
 def test_train_on_parquet_with_held_out_file(samples: Path, tmp_path: Path) -> None:
@@ -76,3 +84,29 @@ def test_reading_flags_are_checked(samples: Path, capsys: pytest.CaptureFixture[
     assert main(["limits", "--data", str(bad)]) == 2
     assert f"{bad}, line 1: 2 tab-separated fields" in capsys.readouterr().err
     bad.unlink()
+
+
+def test_shared_tables_from_the_command_line(samples: Path, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from tilecore_apps.cli import _train
+    from tilecore_apps.cli._main import build_parser
+
+    limits = ["limits", "--data", str(samples / "clicks.parquet"), "--batches", "1",
+              "--batch-size", "100", "--shared-table", "pair=c00,c01"]
+    assert main(limits) == 2  # the sample's schema gives c00 1000 rows, c01 5000
+    assert "share table 'pair' but have vocabulary sizes" in capsys.readouterr().err
+    out = tmp_path / "limits.json"
+    assert main([*limits, "--vocab-sizes", "1000", "--json", str(out)]) == 0
+    stacks = json.loads(out.read_text())["topologies"][0]["stacks"].values()
+    pair = next(s for s in stacks if "pair" in s["tables"])
+    assert {"c00", "c01"} <= set(pair["features"]) and "c00" not in pair["tables"]
+    assert main([*limits, "--shared-table", "pair=c02"]) == 2
+    assert "names tables ['pair'] more than once" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*limits[:-1], "c00,c01"])
+    assert "must be TABLE=COLUMN,COLUMN,..." in capsys.readouterr().err
+    parser = build_parser()  # `train --devices N` reruns itself with the same tables
+    args = parser.parse_args(["train", "--data", "x.parquet", "--shared-table", "t=a,b",
+                              "--shared-table", "u=c"])
+    again = parser.parse_args(_train._argv(args, _train._topology(args)))
+    assert again.shared_tables == args.shared_tables == [("t", ("a", "b")), ("u", ("c",))]

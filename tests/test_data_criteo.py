@@ -125,6 +125,29 @@ def test_skipping_bad_rows_counts_them_once(tmp_path: Path) -> None:
     assert isinstance(source, data.StreamedClicks) and source.bad_rows == 2
 
 
+def test_copies_merge_their_bad_rows_counting_each_once(tmp_path: Path) -> None:
+    """Input worker processes read copies of the source: their counts come back to it."""
+    good = [line(i % 2, cats=[f"{i:x}"] * 26) for i in range(16)]
+    path = write(tmp_path / "c.tsv", [*good[:5], "bad", *good[5:9], line(3), *good[9:13],
+                                      "also bad", *good[13:]])  # lines 6, 11 and 16
+    source = data.open_click_data(path, options(skip_bad_rows=True))
+    near, far = (pickle.loads(pickle.dumps(source)) for _ in range(2))
+    with pytest.warns(data.BadRowsWarning):
+        check(near.train_batch(0), good[4:8])  # past line 6
+    with pytest.warns(data.BadRowsWarning):
+        check(far.train_batch(2), good[12:16])  # past all three
+    check(source.eval_batch(0), good[:4])
+    assert (source.bad_rows, near.bad_rows, far.bad_rows) == (0, 1, 3)
+    with pytest.warns(data.BadRowsWarning, match=r"c.tsv, line 6: 1 tab-separated"):
+        source.merge_bad_rows(near.bad_rows_by_file())
+    assert source.bad_rows == 1
+    for copy in (far, near, far):  # rows seen by several copies count once
+        source.merge_bad_rows(copy.bad_rows_by_file())
+    assert source.bad_rows == 3
+    check(source.train_batch(2), good[12:16])  # read here too: still counted once
+    assert source.bad_rows == 3 and far.bad_rows_by_file() == source.bad_rows_by_file()
+
+
 def test_random_access_from_threads_and_copies_matches_reading_in_order(sample: Path) -> None:
     lines = sample.read_text().splitlines()
     source = data.open_click_data(sample, options(batch_size=20, held_out_batches=1))

@@ -1,10 +1,14 @@
-"""Parquet click data: scalar and list columns, roles and vocabularies, nulls, bad rows,
-several files, and the synthetic sample read back exactly."""
+"""Parquet click data: scalar and list columns of integer or string IDs, roles and
+vocabularies, tables shared by columns, nulls, bad rows, several files, and the synthetic
+sample read back exactly."""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -121,8 +125,89 @@ def test_schema_errors(tmp_path: Path) -> None:
     pq.write_table(table(name=pa.array(["a"] * 9)), path)
     with pytest.raises(ValueError, match="no columns \\['nope'\\]"):
         data.open_click_data(path, options(columns=data.ClickColumns(label="nope")))
-    with pytest.raises(ValueError, match="sparse column 'name' holds string"):
-        data.open_click_data(path, options(columns=data.ClickColumns(sparse=("name",))))
+    with pytest.raises(ValueError, match=r"sparse column 'price' holds float.*integers or "
+                                         "strings"):
+        data.open_click_data(path, options(columns=data.ClickColumns(sparse=("price",))))
     pq.write_table(pa.table({"label": [0, 1], "items": [[1], [2]]}), path)
     with pytest.raises(ValueError, match="found 0 dense and 1 sparse columns"):
         data.open_click_data(path, options())
+
+
+def string_row(value: str, vocab: int) -> int:
+    """The documented hash: 1-16 hex digits as the Criteo reader reads them, else BLAKE2b."""
+    if re.fullmatch("[0-9a-fA-F]{1,16}", value):
+        return int(value, 16) % vocab
+    digest = hashlib.blake2b(value.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % vocab
+
+
+def test_string_columns_are_hashed_into_the_table(tmp_path: Path) -> None:
+    names = ["0a1b", "alice", None, "", "Zürich", "alice", "0A1B", "ffffffffffffffff", "x"]
+    tags = [["a", "b"], None, [], ["alice"], ["0a1b", "a"], ["b"], ["c"], [], ["a"]]
+    columns = {"name": pa.array(names),  # scalar string
+               "city": pa.array(names, pa.large_string()),
+               "genre": pa.array(names).dictionary_encode(),
+               "tags": pa.array(tags, pa.list_(pa.string())),
+               "topics": pa.array(tags, pa.large_list(pa.large_string()))}
+    path = tmp_path / "t.parquet"
+    pq.write_table(table(**columns), path, row_group_size=4)  # batches span row groups
+    vocab = 1 << 40
+    source = data.open_click_data(path, options(vocab_sizes=(vocab,), held_out_batches=0))
+    assert [(f.name, f.max_ids) for f in source.features] == [  # found without being named
+        ("user", 1), ("items", 2), *((n, 1) for n in ("name", "city", "genre")),
+        ("tags", 2), ("topics", 2)]
+    got = {f.name: [] for f in source.features}
+    for step in range(3):
+        for name, ragged in source.train_batch(step).sparse.items():
+            got[name] += rows_of(ragged)
+    want = [[] if v is None else [string_row(v, vocab)] for v in names]
+    assert got["name"] == got["city"] == got["genre"] == want
+    assert got["tags"] == got["topics"] == [[string_row(v, vocab) for v in t or []] for t in tags]
+    assert want[0] == want[6] == [0x0A1B]  # as the TSV reader hashes C_j = 0a1b
+    assert want[1] == [9933345172075899469 % vocab]  # the same in every process and run
+    assert want[3] == [13020603013274838756 % vocab]  # "" is a value; only null is no ID
+    bad = table(names=pa.array([["a"]] * 4 + [["a", None]] + [["b"]] * 4))
+    pq.write_table(bad, path)
+    with pytest.raises(data.BadRowError, match="row 5, column 'names': a list of IDs may not"):
+        data.open_click_data(path, options()).train_batch(0)
+
+
+def test_columns_share_a_table_as_configured(tmp_path: Path) -> None:
+    path = tmp_path / "t.parquet"
+    pq.write_table(table(item=pa.array([str(i) for i in range(9)])), path)
+    shared = data.ClickColumns(shared_tables={"things": ("user", "item", "items")})
+    source = data.open_click_data(path, options(columns=shared, vocab_sizes=(50,)))
+    assert [(f.name, f.table_name) for f in source.features] == [
+        ("user", "things"), ("items", "things"), ("item", "things")]
+    specs = data.click_feature_specs(source.features, 3, embedding_dim=4)
+    assert len({id(s.table) for s in specs}) == 1 and specs[0].table.combiner == "mean"
+    plan = tc.plan_stacking(specs, tc.Topology(global_devices=1, sc_per_device=2))
+    assert list(plan.tables) == ["things"] and sorted(plan.features) == ["item", "items", "user"]
+    assert [s.table.name for s in data.click_feature_specs(  # unshared: a table each
+        data.open_click_data(path, options(vocab_sizes=(50,))).features, 3,
+        embedding_dim=4)] == ["user", "items", "item"]
+    schema = {"label": "label", "dense": ["price"], "sparse": [
+        {"name": "user", "vocab_size": 50, "table": "t"},
+        {"name": "items", "vocab_size": 50, "max_ids": 3, "table": "t"}]}
+    saved = table().schema.with_metadata({b"tilecore.clicks": json.dumps(schema).encode()})
+    pq.write_table(table().cast(saved), tmp_path / "saved.parquet")  # tables in the metadata
+    assert [f.table_name for f in data.open_click_data(tmp_path / "saved.parquet",
+                                                       options()).features] == ["t", "t"]
+
+    def fails(message: str, **kw: object) -> None:
+        with pytest.raises(ValueError, match=message):
+            data.open_click_data(path, options(**kw))
+
+    fails(r"share table 'things' but have vocabulary sizes \{'user': 10, 'items': 20, "
+          r"'item': 30\}", columns=shared, vocab_sizes=(10, 20, 30))
+    fails(r"shared tables name columns \['nope', 'price'\], which are not sparse",
+          columns=data.ClickColumns(shared_tables={"t": ("user", "price", "nope")}))
+    fails(r"shared tables \['item'\] have the names of sparse columns",
+          columns=data.ClickColumns(shared_tables={"item": ("user", "items")}))
+    with pytest.raises(ValueError, match=r"columns \['user'\] are in more than one shared"):
+        data.ClickColumns(shared_tables={"a": ("user",), "b": ("items", "user")})
+    with pytest.raises(ValueError, match=r"columns \['price'\], which are not sparse"):
+        data.ClickColumns(dense=("price",), shared_tables={"a": ("price",)})
+    with pytest.raises(ValueError, match="share table 'a'"):
+        data.click_feature_specs([data.ClickFeature(name="x", vocab_size=5, table="a"),
+                                  data.ClickFeature(name="a", vocab_size=6)], 8, embedding_dim=4)

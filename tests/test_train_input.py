@@ -75,9 +75,25 @@ def test_input_rate_prepares_each_batch_once(monkeypatch: pytest.MonkeyPatch) ->
         training.input_rate(_source(), _config(staged_batches=2), batches=2)
 
 
-def test_input_rate_with_worker_processes() -> None:
-    rate = training.input_rate(_source(), _config(input_processes=2), batches=4)
-    assert math.isfinite(rate) and rate > 0
+def test_input_rate_with_worker_processes_counts_their_bad_rows(tmp_path: Path) -> None:
+    """Bad rows skipped in worker processes count in the run's source, each once (both
+    workers read past the first), as when threads read them."""
+    lines = data.write_sample(tmp_path, "criteo-tsv", rows=112).read_text().splitlines()
+    for row in (100, 85, 51):  # in training batches 4 and 2 (16 rows, 1 held out); unread
+        lines.insert(row, "bad")
+    path = tmp_path / "bad.tsv"
+    path.write_text("\n".join(lines) + "\n")
+    counts = []
+    for processes in (0, 2):
+        source = data.open_click_data(path, data.ReadOptions(
+            batch_size=16, vocab_sizes=(50,), held_out_batches=1, skip_bad_rows=True,
+            progress=False))
+        with pytest.warns(data.BadRowsWarning, match="line 52"):
+            rate = training.input_rate(source, _config(input_processes=processes), batches=4)
+        assert math.isfinite(rate) and rate > 0
+        assert isinstance(source, data.StreamedClicks)
+        counts.append(source.bad_rows)
+    assert counts == [2, 2]
 
 
 def test_bench_train_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

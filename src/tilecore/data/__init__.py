@@ -5,14 +5,17 @@ from `(seed, step)`. Built-ins: `criteo`, `multihot`, `stacked`, `criteo26`.
 `clicks` is labelled click data with a hidden ground truth (for `tilecore train`).
 `open_click_data` reads your own click data — Criteo-format TSV (plain or gzip),
 Parquet, or `.npz` click files — streamed, as a `ClickSource`; `write_sample`
-writes a synthetic sample of each format. `save_batch` / `load_batch` hold one
-batch of IDs in the `.npz` layout every command reads.
+writes a synthetic sample of each format. `click_feature_specs` turns click
+features into feature specs on their tables (shared where the features say so).
+`save_batch` / `load_batch` hold one batch of IDs in the `.npz` layout every
+command reads.
 """
 
 from ._click_files import ClickFiles as ClickFiles
 from ._click_files import ClickSource as ClickSource
 from ._click_files import load_click_files as load_click_files
 from ._click_files import write_click_files as write_click_files
+from ._click_specs import click_feature_specs as click_feature_specs
 from ._clicks import ClickBatch as ClickBatch
 from ._clicks import ClickDataset as ClickDataset
 from ._clicks import ClickFeature as ClickFeature
@@ -26,6 +29,7 @@ from ._read_options import ClickColumns as ClickColumns
 from ._read_options import ReadOptions as ReadOptions
 from ._samples import SampleFormat as SampleFormat
 from ._samples import write_sample as write_sample
+from ._stream import BadRows as BadRows
 from ._stream import BadRowsWarning as BadRowsWarning
 from ._stream import StreamedClicks as StreamedClicks
 from ._workload import IdDistribution as IdDistribution
@@ -42,6 +46,7 @@ __all__ = [
     "DEFAULT_VOCAB_SIZE",
     "WORKLOADS",
     "BadRowError",
+    "BadRows",
     "BadRowsWarning",
     "ClickBatch",
     "ClickColumns",
@@ -54,6 +59,7 @@ __all__ = [
     "SampleFormat",
     "StreamedClicks",
     "Workload",
+    "click_feature_specs",
     "clicks",
     "criteo",
     "criteo26",

@@ -32,19 +32,23 @@ _DENSE_KEY, _LABEL_KEY = 1 << 30, (1 << 30) + 1  # never a feature index
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ClickFeature:
-    """One categorical feature of the click data (its table has the same name).
+    """One categorical feature of the click data, and the table it looks up.
 
     Attributes:
-      name: feature (and table) name.
-      vocab_size: IDs are in `[0, vocab_size)`.
+      name: feature name.
+      vocab_size: IDs are in `[0, vocab_size)` (the rows of its table).
       max_ids: IDs per sample: 1 for one-hot, else uniform in `[1, max_ids]`.
       exponent: Zipf exponent of the IDs (larger: more skewed).
+      table: the name of the table it looks up; None: a table of its own, named as
+        the feature. Features that name one table share its rows (and so need the
+        same `vocab_size`; see `click_feature_specs`).
     """
 
     name: str
     vocab_size: int
     max_ids: int = 1
     exponent: float = 1.1
+    table: str | None = None
 
     def __post_init__(self) -> None:
         if self.vocab_size < 1 or self.max_ids < 1:
@@ -52,6 +56,14 @@ class ClickFeature:
                 f"ClickFeature {self.name!r}: vocab_size and max_ids must be >= 1, got "
                 f"vocab_size={self.vocab_size}, max_ids={self.max_ids}."
             )
+        if self.table is not None and (not isinstance(self.table, str) or not self.table):
+            raise ValueError(f"ClickFeature {self.name!r}: table must be a non-empty name or "
+                             f"None (a table of its own), got table={self.table!r}.")
+
+    @property
+    def table_name(self) -> str:
+        """The name of the table it looks up (`table`, else its own name)."""
+        return self.table or self.name
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

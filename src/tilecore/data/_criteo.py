@@ -7,9 +7,10 @@ the label may be empty and the integers may be negative. A line becomes a sample
 
 - label: `0` or `1`.
 - dense feature j: `log(1 + max(I_j, 0))` (float32); empty → 0.
-- categorical feature `C_j` (table `C_j`): the ID `int(C_j, 16) mod vocab_size_j` —
-  a stable hash, the same in every run and process; empty → no ID for that
-  sample (its embedding is the empty sum, zeros).
+- categorical feature `C_j` (table `C_j`): the ID `int(C_j, 16) mod vocab_size_j`
+  (`_hashing`, the hash the Parquet reader applies to strings too) — stable, the
+  same in every run and process; empty → no ID for that sample (its embedding is
+  the empty sum, zeros).
 
 A bad line (not 40 fields, a label other than 0/1, an integer that is not a
 decimal of at most 18 digits, a categorical value that is not at most 16
@@ -32,6 +33,7 @@ import numpy as np
 
 from ..preprocessing import Ragged
 from ._clicks import ClickBatch
+from ._hashing import hex_ids
 
 NUM_INTEGER, NUM_CATEGORICAL = 13, 26
 COLUMNS = ("label", *(f"I{j}" for j in range(1, 14)), *(f"C{j}" for j in range(1, 27)))
@@ -89,7 +91,7 @@ def parse_lines(lines: list[str], vocab_sizes: tuple[int, ...]) -> ClickBatch:
         column = columns[1 + NUM_INTEGER + j]
         splits = np.zeros(n + 1, np.int64)
         np.cumsum(np.fromiter((v != "" for v in column), bool, n), out=splits[1:])
-        ids = np.fromiter((int(v, 16) % vocab for v in column if v), np.int64, int(splits[-1]))
+        ids = hex_ids((v for v in column if v), int(splits[-1]), vocab)
         sparse[COLUMNS[1 + NUM_INTEGER + j]] = Ragged(ids, splits)
     return ClickBatch(sparse=sparse, dense=np.ascontiguousarray(dense), labels=labels)
 

@@ -2,7 +2,8 @@
 
 - `*.tsv`, `*.txt` (optionally `.gz`; gzip is also recognised by its content):
   Criteo-format logs (`_criteo`), 26 features `C1` … `C26`, 13 dense.
-- `*.parquet`, or a directory of them: Parquet click data (`_parquet`).
+- `*.parquet`, or a directory of them: Parquet click data (`_parquet`): integer or
+  string IDs, a table per column or shared as `ClickColumns.shared_tables` says.
 - a directory with `clicks.json`: `.npz` click files (`write_click_files`), which
   fix their own batch size and vocabularies.
 """
@@ -88,8 +89,8 @@ def open_click_data(path: str | os.PathLike[str], options: ReadOptions | None = 
         if data_kind(eval_path) != kind:
             raise ValueError(f"{eval_path}: held-out data must be of the kind of {path} ({kind}).")
         eval_features, eval_dense, eval_reader, _ = read(eval_path, options)
-        def names(fs: tuple[ClickFeature, ...]) -> list[tuple[str, int]]:
-            return [(f.name, f.vocab_size) for f in fs]
+        def names(fs: tuple[ClickFeature, ...]) -> list[tuple[str, int, str]]:
+            return [(f.name, f.vocab_size, f.table_name) for f in fs]
 
         if names(eval_features) != names(features) or eval_dense != num_dense:
             raise ValueError(f"{eval_path}: its features {[f.name for f in eval_features]} and "

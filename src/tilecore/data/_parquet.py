@@ -1,14 +1,17 @@
 """Click data in Parquet: a label column, dense number columns, sparse ID columns.
 
-A sparse column is either an integer column (one ID per sample: a one-hot
-feature) or a `list<integer>` column (any number of IDs per sample: a multi-hot
-feature); each is a feature with its own table of the same name. IDs are taken
-modulo the table's vocabulary (IDs in range are unchanged; others are hashed
-into it); a null ID or null list is a sample without IDs. Dense values are used
-as they are (float32), null → 0. Bad rows (a null label or one other than 0/1, a
-dense value that is not finite, a null inside a list) raise `BadRowError` naming
-file, row and column, or are counted and skipped. The files are read by record
-batches (`pyarrow.parquet.ParquetFile.iter_batches`), never whole.
+A sparse column holds one ID per sample (a one-hot feature) or a list of them
+(`list<…>`: any number per sample, a multi-hot feature); each is a feature with
+its own table of the same name, unless `ClickColumns.shared_tables` puts several
+on one table. IDs are integers, taken modulo the table's vocabulary (IDs in
+range are unchanged), or strings (`string`, `large_string`, dictionary-encoded),
+hashed into it as the Criteo reader hashes its hexadecimal values (`_hashing`:
+stable across runs and processes). A null ID or null list is a sample without
+IDs (an empty string is a value like any other). Dense values are used as they
+are (float32), null → 0. Bad rows (a null label or one other than 0/1, a dense
+value that is not finite, a null inside a list) raise `BadRowError` naming file,
+row and column, or are counted and skipped. The files are read by record batches
+(`pyarrow.parquet.ParquetFile.iter_batches`), never whole.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from ..preprocessing import Ragged
 from ._clicks import ClickBatch
 from ._criteo import BadRowError
 from ._files import _pyarrow  # pyright: ignore[reportPrivateUsage]
+from ._hashing import integer_ids, string_ids
 
 SCHEMA_KEY = b"tilecore.clicks"
 """Key of the file metadata (JSON: label, dense, sparse with vocab_size and max_ids)
@@ -173,6 +177,20 @@ def parse_table(table: Any, layout: ParquetLayout) -> ClickBatch:
             ids = column.drop_null()
         splits = np.zeros(n + 1, np.int64)
         np.cumsum(counts, out=splits[1:])
-        values = np.asarray(ids.to_numpy(zero_copy_only=False)).astype(np.int64, copy=False)
-        sparse[name] = Ragged(np.mod(values, vocab), splits)
+        sparse[name] = Ragged(table_rows(ids, vocab), splits)
     return ClickBatch(sparse=sparse, dense=dense, labels=labels)
+
+
+def table_rows(ids: Any, vocab_size: int) -> np.ndarray:
+    """The rows of an Arrow array of IDs without nulls: integers, or strings hashed (each
+    distinct string once) by the one hash of `_hashing`."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(ids.type):
+        ids = ids.dictionary_decode()
+    if pa.types.is_integer(ids.type):
+        return integer_ids(np.asarray(ids.to_numpy(zero_copy_only=False)), vocab_size)
+    encoded = compute().dictionary_encode(ids)
+    strings = encoded.dictionary.to_pylist()
+    rows = string_ids(strings, len(strings), vocab_size)
+    return rows[np.asarray(encoded.indices.to_numpy(zero_copy_only=False), np.int64)]

@@ -1,18 +1,22 @@
 """The roles of a Parquet click file's columns: from options, the file's schema or the types.
 
 The file metadata key `tilecore.clicks` (written by `write_sample`) holds JSON
-`{"label": …, "dense": [...], "sparse": [{"name", "vocab_size", "max_ids"}, …]}`;
-`ReadOptions` override it. A `list<integer>` column without `max_ids` there gets
-the longest list in the first batch of the file (at least 2: a list column is a
-multi-hot feature, pooled by its mean).
+`{"label": …, "dense": [...], "sparse": [{"name", "vocab_size", "max_ids"}, …]}`
+(a sparse entry may add `"table"`: the table it shares); `ReadOptions` override
+it. A list column without `max_ids` there gets the longest list in the first
+batch of the file (at least 2: a list column is a multi-hot feature, pooled by
+its mean). ID columns hold integers or strings (`string`, `large_string`,
+dictionary-encoded), or lists of them.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ._click_specs import features_by_table
 from ._clicks import ClickFeature
 from ._files import _pyarrow  # pyright: ignore[reportPrivateUsage]
 from ._parquet import SCHEMA_KEY, ParquetLayout, compute
@@ -29,21 +33,29 @@ def parquet_files(path: Path) -> tuple[Path, ...]:
     return (path,)
 
 
-def _is_int_list(pa: Any, kind: Any) -> bool:
-    return (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and pa.types.is_integer(
-        kind.value_type)
+def _is_id(pa: Any, kind: Any) -> bool:
+    """IDs: integers or strings, dictionary-encoded or not."""
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    return pa.types.is_integer(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind)
+
+
+def _is_id_list(pa: Any, kind: Any) -> bool:
+    return (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and _is_id(
+        pa, kind.value_type)
 
 
 def _roles(pa: Any, schema: Any, columns: ClickColumns, saved: dict[str, Any], where: str
            ) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
-    label = columns.label if columns != ClickColumns() or not saved else saved["label"]
+    given = (columns.label, columns.dense, columns.sparse) != ("label", None, None)
+    label = columns.label if given or not saved else saved["label"]
     dense, sparse = columns.dense, columns.sparse
     if dense is None and sparse is None and saved:
         dense, sparse = tuple(saved["dense"]), tuple(s["name"] for s in saved["sparse"])
     types = {name: schema.field(name).type for name in schema.names}
     if sparse is None:
         sparse = tuple(n for n, t in types.items() if n != label and n not in (dense or ())
-                       and (pa.types.is_integer(t) or _is_int_list(pa, t)))
+                       and (_is_id(pa, t) or _is_id_list(pa, t)))
     if dense is None:
         dense = tuple(n for n, t in types.items() if n != label and n not in sparse
                       and pa.types.is_floating(t))
@@ -57,9 +69,10 @@ def _roles(pa: Any, schema: Any, columns: ClickColumns, saved: dict[str, Any], w
             raise ValueError(f"{where}: column {name!r} is {role} but holds {types[name]}; "
                              "it needs numbers.")
     for name in sparse:
-        if not (pa.types.is_integer(types[name]) or _is_int_list(pa, types[name])):
+        if not (_is_id(pa, types[name]) or _is_id_list(pa, types[name])):
             raise ValueError(f"{where}: sparse column {name!r} holds {types[name]}; it needs "
-                             "integer IDs or lists of them (hash strings into integers first).")
+                             "IDs, integers or strings (hashed into the table), or lists of "
+                             "them. Convert the column, or leave it out (--sparse-columns).")
     if not sparse or not dense:
         raise ValueError(f"{where}: found {len(dense)} dense and {len(sparse)} sparse columns "
                          f"among {list(types)}; the click model needs at least one of each (name "
@@ -79,22 +92,43 @@ def parquet_layout(path: Path, options: ReadOptions
     metadata = file.schema_arrow.metadata or {}
     saved = json.loads(metadata[SCHEMA_KEY]) if SCHEMA_KEY in metadata else {}
     label, dense, sparse = _roles(pa, file.schema_arrow, options.columns, saved, str(path))
-    is_list = tuple(_is_int_list(pa, file.schema_arrow.field(n).type) for n in sparse)
+    is_list = tuple(_is_id_list(pa, file.schema_arrow.field(n).type) for n in sparse)
     by_name = {s["name"]: s for s in saved.get("sparse", ())}
     schema_vocab = (tuple(by_name[n]["vocab_size"] for n in sparse)
                     if all(n in by_name for n in sparse) else None)
     vocab = options.vocab_for(sparse, schema_vocab, str(path))
+    tables = _tables(sparse, options.columns.shared_tables, by_name, str(path))
     layout = ParquetLayout(files=files, label=label, dense=dense, sparse=sparse,
                            is_list=is_list, vocab_sizes=vocab)
     first = next(file.iter_batches(batch_size=options.batch_size, columns=list(sparse)), None)
     features = []
-    for name, listed, size in zip(sparse, is_list, vocab, strict=True):
+    for name, listed, size, table in zip(sparse, is_list, vocab, tables, strict=True):
         max_ids = 1
         if listed:
             longest = 0 if first is None else _longest(first.column(name))
             max_ids = max(2, int(by_name.get(name, {}).get("max_ids", longest)))
-        features.append(ClickFeature(name=name, vocab_size=size, max_ids=max_ids))
+        features.append(ClickFeature(name=name, vocab_size=size, max_ids=max_ids, table=table))
+    features_by_table(features, str(path))  # a shared table's columns agree on its size
     return layout, tuple(features)
+
+
+def _tables(sparse: tuple[str, ...], shared: Mapping[str, tuple[str, ...]],
+            saved: Mapping[str, Any], where: str) -> tuple[str | None, ...]:
+    """The table of each sparse column (None: its own): from `shared`, else the schema."""
+    if not shared:
+        return tuple(saved.get(name, {}).get("table") for name in sparse)
+    table_of = {column: table for table, columns in shared.items() for column in columns}
+    unknown = sorted(set(table_of) - set(sparse))
+    if unknown:
+        raise ValueError(f"{where}: shared tables name columns {unknown}, which are not sparse "
+                         f"columns; the sparse columns are {list(sparse)} (--sparse-columns "
+                         "names them).")
+    clash = sorted(t for t in shared if t in sparse and t not in table_of)
+    if clash:
+        raise ValueError(f"{where}: shared tables {clash} have the names of sparse columns "
+                         "that have tables of their own; name the shared tables otherwise, or "
+                         "add those columns to them.")
+    return tuple(table_of.get(name) for name in sparse)
 
 
 def _longest(column: Any) -> int:

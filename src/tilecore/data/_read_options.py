@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 
 DEFAULT_VOCAB_SIZE = 100_000
@@ -17,13 +18,19 @@ class ClickColumns:
       label: the label column (0 or 1; integer, boolean or float).
       dense: the dense feature columns, in order (None: every floating-point
         column but the label).
-      sparse: the ID columns, one feature and table each (None: every integer
-        and `list<integer>` column that is not the label or a dense column).
+      sparse: the ID columns, one feature each: integer or string IDs, or lists
+        of them (None: every such column that is not the label or a dense column).
+      shared_tables: tables that several sparse columns look up together: table
+        name → its columns, e.g. `{"item": ("item", "last_items")}` (each column
+        stays a feature of its own; the columns of a table need one vocabulary
+        size). A column named nowhere here has a table of its own, named as the
+        column. Empty: the file's schema, else a table per column.
     """
 
     label: str = "label"
     dense: tuple[str, ...] | None = None
     sparse: tuple[str, ...] | None = None
+    shared_tables: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         named = [self.label, *(self.dense or ()), *(self.sparse or ())]
@@ -31,6 +38,26 @@ class ClickColumns:
         if twice:
             raise ValueError(f"ClickColumns: columns {twice} have more than one role (label, "
                              "dense, sparse); name each column once.")
+        tables = {table: tuple(columns) for table, columns in self.shared_tables.items()}
+        object.__setattr__(self, "shared_tables", tables)
+        if any(not table or not columns for table, columns in tables.items()):
+            raise ValueError(f"ClickColumns: shared_tables must map table names to their "
+                             f"columns (at least one), got {tables}.")
+        listed = [c for columns in tables.values() for c in columns]
+        twice = sorted({c for c in listed if listed.count(c) > 1})
+        if twice:
+            raise ValueError(f"ClickColumns: columns {twice} are in more than one shared table "
+                             f"({tables}); a column looks up one table.")
+        roles = {self.label, *(self.dense or ())}
+        other = sorted(c for c in listed if c in roles or (
+            self.sparse is not None and c not in self.sparse))
+        if other:
+            raise ValueError(f"ClickColumns: shared tables name columns {other}, which are not "
+                             f"sparse columns (sparse={self.sparse}); a table holds sparse "
+                             "columns only.")
+
+    def __hash__(self) -> int:  # a value, hashable like the options that hold it
+        return hash((self.label, self.dense, self.sparse, tuple(self.shared_tables.items())))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -43,7 +70,8 @@ class ReadOptions:
         file are not used.
       vocab_sizes: rows of each feature's table (IDs are hashed into them): one
         size for every table, or one per sparse feature in order (`C1` … `C26`
-        for TSV). None: the Parquet file's schema, else `DEFAULT_VOCAB_SIZE`.
+        for TSV; features of one shared table need the same size). None: the
+        Parquet file's schema, else `DEFAULT_VOCAB_SIZE`.
       held_out_batches: held-out (evaluation) batches. Without `eval_path` they
         are the first batches of the data, and training reads the batches after
         them; with it, the first batches of `eval_path` (cycled if it has fewer).

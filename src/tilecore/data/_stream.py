@@ -13,15 +13,22 @@ files): a cursor moves forward through the file taking batches as raw rows
 (checked, not converted: cheap) and converts only the batch asked for. The last
 `KEEP` raw batches are kept, so requests a little out of order (prefetch
 threads) cost nothing; a request behind them opens the file again.
+
+Skipped bad rows are counted once however often a file is read: every reader
+reads a file from its start, so the bad rows it has seen are the file's first
+ones, up to the last it saw (`BadRows`). Copies in other processes count their
+own; `bad_rows_by_file` and `merge_bad_rows` bring their counts together (per
+file, the copy that read furthest).
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import threading
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from ._clicks import ClickBatch, ClickFeature
@@ -34,6 +41,16 @@ KEEP = 8
 
 class BadRowsWarning(UserWarning):
     """Rows that could not be read were skipped (`skip_bad_rows`); says how many."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BadRows:
+    """The bad rows of one file seen so far: its first `count`, up to line (or row) `last`;
+    `first` says where the first one is and why it is bad."""
+
+    last: int
+    count: int
+    first: str
 
 
 class Reader(Protocol):
@@ -146,8 +163,7 @@ class StreamedClicks:
         self._eval = _Cursor(self._eval_open or self._train_open, self, first=0,
                              keep=self._held_out)
         self._progress = ReadProgress(self.name, enabled=self._progress_on)
-        self.bad_rows = 0
-        self._counted: dict[str, int] = {}  # per file: the last line counted as bad
+        self._bad: dict[str, BadRows] = {}  # per file
         self._passes = 0
 
     def close(self) -> None:
@@ -191,17 +207,47 @@ class StreamedClicks:
             finally:
                 self._progress.finish()
 
+    @property
+    def bad_rows(self) -> int:
+        """Rows skipped as unreadable so far (`skip_bad_rows`), each counted once: here, and
+        in the copies whose counts were merged (`merge_bad_rows`)."""
+        return sum(seen.count for seen in tuple(self._bad.values()))
+
+    def bad_rows_by_file(self) -> dict[str, BadRows]:
+        """The bad rows seen so far, per file: what `merge_bad_rows` of another copy of this
+        source (e.g. in the process that started this one's) takes."""
+        with self._lock:
+            return dict(self._bad)
+
+    def merge_bad_rows(self, seen: Mapping[str, BadRows]) -> None:
+        """Count the bad rows another copy of this source has seen (`bad_rows_by_file`); rows
+        both have seen count once."""
+        with self._lock:
+            before = self.bad_rows
+            for path, rows in seen.items():
+                mine = self._bad.get(path)
+                if mine is None or rows.last > mine.last:
+                    self._bad[path] = rows
+            self._warn_first(before)
+
     def on_bad(self, error: BadRowError) -> None:
         """Count a skipped row (once, however often the file is read)."""
         key = str(error.path)
-        if error.line <= self._counted.get(key, 0):
+        mine = self._bad.get(key)
+        if mine is not None and error.line <= mine.last:
             return
-        self._counted[key] = error.line
-        self.bad_rows += 1
-        if self.bad_rows == 1:
-            warnings.warn(f"skipping rows that cannot be read; the first: {error.where}: "
-                          f"{error.reason}",
-                          BadRowsWarning, stacklevel=2)
+        before = self.bad_rows
+        self._bad[key] = (
+            BadRows(last=error.line, count=1, first=f"{error.where}: {error.reason}")
+            if mine is None else dataclasses.replace(mine, last=error.line, count=mine.count + 1))
+        self._warn_first(before)
+
+    def _warn_first(self, before: int) -> None:
+        if before or not self._bad:
+            return
+        first = next(iter(self._bad.values())).first
+        warnings.warn(f"skipping rows that cannot be read; the first: {first}", BadRowsWarning,
+                      stacklevel=3)
 
     def pass_done(self) -> None:
         """A cursor reached the end of its file for the first time."""

@@ -23,6 +23,14 @@ def _names(text: str) -> tuple[str, ...]:
     return names
 
 
+def _shared_table(text: str) -> tuple[str, tuple[str, ...]]:
+    """argparse type: `TABLE=A,B,...`, a table and the sparse columns that look it up."""
+    table, equals, columns = text.partition("=")
+    if not equals or not table.strip():
+        raise argparse.ArgumentTypeError(f"must be TABLE=COLUMN,COLUMN,..., got {text!r}")
+    return table.strip(), _names(columns)
+
+
 def add_read_options(p: argparse.ArgumentParser) -> None:
     """The flags of `--data` files other than the data path and batch size."""
     p.add_argument("--eval-data", type=Path, default=None, metavar="PATH",
@@ -38,15 +46,28 @@ def add_read_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dense-columns", type=_names, default=None, metavar="A,B,...",
                    help="Parquet: the dense columns (default: every float column)")
     p.add_argument("--sparse-columns", type=_names, default=None, metavar="A,B,...",
-                   help="Parquet: the ID columns, integer or list<integer>, a table each "
-                        "(default: every such column)")
+                   help="Parquet: the ID columns, a feature each: integer or string IDs (strings "
+                        "are hashed into the table as TSV hexadecimal values are), or lists of "
+                        "them (default: every such column)")
+    p.add_argument("--shared-table", dest="shared_tables", type=_shared_table,
+                   action="append", default=None, metavar="TABLE=A,B,...",
+                   help="Parquet: sparse columns A, B, ... look up one table, TABLE (each stays "
+                        "a feature; they need one vocabulary size); repeat for more tables "
+                        "(default: a table per column, named as it)")
 
 
 def read_options(args: argparse.Namespace, *, held_out: int) -> data.ReadOptions:
     """`ReadOptions` from the flags of `add_read_options` plus --batch-size, --vocab-sizes."""
+    tables = [table for table, _ in args.shared_tables or ()]
+    twice = sorted({t for t in tables if tables.count(t) > 1})
+    if twice:
+        raise ValueError(f"--shared-table names tables {twice} more than once; list all of a "
+                         "table's columns in one --shared-table.")
+    shared = dict(args.shared_tables or ())
     columns = data.ClickColumns(**({} if args.label_column is None
                                    else {"label": args.label_column}),
-                                dense=args.dense_columns, sparse=args.sparse_columns)
+                                dense=args.dense_columns, sparse=args.sparse_columns,
+                                shared_tables=shared)
     return data.ReadOptions(batch_size=args.batch_size or 1024, vocab_sizes=args.vocab_sizes,
                             held_out_batches=held_out, eval_path=args.eval_data,
                             skip_bad_rows=args.skip_bad_rows, columns=columns)
@@ -57,7 +78,8 @@ def _given(args: argparse.Namespace) -> list[str]:
                                      ("--skip-bad-rows", args.skip_bad_rows),
                                      ("--label-column", args.label_column),
                                      ("--dense-columns", args.dense_columns),
-                                     ("--sparse-columns", args.sparse_columns)) if value]
+                                     ("--sparse-columns", args.sparse_columns),
+                                     ("--shared-table", args.shared_tables)) if value]
 
 
 def check_read_options(args: argparse.Namespace) -> None:

@@ -88,16 +88,11 @@ def _data_batch(args: argparse.Namespace
         raise ValueError(f"--data {args.data}: every feature needs {size} rows (the batch "
                          f"size); got {wrong}. Pass --batch-size or fix the row_splits.")
     if features is None:  # a table per feature, as large as its IDs need
-        features = tuple(_spec(f, size, int(r.values.max(initial=0)) + 1,
-                               max(int(np.diff(r.row_splits).max(initial=1)), 1))
-                         for f, r in batch.items())
+        features = data.click_feature_specs(
+            [data.ClickFeature(name=f, vocab_size=int(r.values.max(initial=0)) + 1,
+                               max_ids=max(int(np.diff(r.row_splits).max(initial=1)), 1))
+             for f, r in batch.items()], size, embedding_dim=EMBEDDING_DIM)
     return features, size, batch
-
-
-def _spec(name: str, batch_size: int, vocab_size: int, max_ids: int) -> tc.FeatureSpec:
-    table = tc.TableSpec(name=name, vocab_size=vocab_size, embedding_dim=EMBEDDING_DIM,
-                         combiner="sum" if max_ids == 1 else "mean")
-    return tc.FeatureSpec(name=name, table=table, input_shape=(batch_size, max_ids))
 
 
 def _sources(args: argparse.Namespace) -> tuple[str, int, tuple[tc.FeatureSpec, ...], int,
@@ -113,8 +108,8 @@ def _sources(args: argparse.Namespace) -> tuple[str, int, tuple[tc.FeatureSpec, 
         features, size, batch = _data_batch(args)
         return args.workload or "data", size, features, 1, lambda: iter([batch])
     source = open_data(args, held_out=0)
-    specs = tuple(_spec(f.name, source.batch_size, f.vocab_size, f.max_ids)
-                  for f in source.features)
+    specs = data.click_feature_specs(source.features, source.batch_size,
+                                     embedding_dim=EMBEDDING_DIM)
     return ("data", source.batch_size, specs, args.batches,
             lambda: (source.train_batch(i).sparse for i in range(args.batches)))
 

@@ -215,8 +215,6 @@ def run(args: argparse.Namespace) -> int:
             _runs.discard_if_empty(out)  # a failed new run leaves no empty directory behind
     summary = result.summary
     print(summary.format())
-    if isinstance(source, data.StreamedClicks) and source.bad_rows:
-        print(f"skipped {source.bad_rows} bad rows of {args.data} (--skip-bad-rows)")
     write_file(out / "loss_auc.png", dlrm.plot_curves(summary))
     write_file(out / "partition_load.png", dlrm.plot_partition_load(summary))
     print(f"wrote {out / 'loss_auc.png'} and {out / 'partition_load.png'}")
@@ -241,6 +239,8 @@ def _argv(args: argparse.Namespace, topology: tc.Topology) -> list[str]:
     for flag in ("dense_columns", "sparse_columns"):
         if getattr(args, flag) is not None:
             argv += [f"--{flag.replace('_', '-')}", ",".join(getattr(args, flag))]
+    for table, columns in args.shared_tables or ():
+        argv += ["--shared-table", f"{table}={','.join(columns)}"]
     for flag in ("steps", "batch_size", "eval_every", "eval_batches", "optimizer",
                  "learning_rate", "dense_learning_rate", "embedding_dim", "prefetch",
                  "input_processes", "threads", "tune_batches", "headroom", "data", "eval_data",

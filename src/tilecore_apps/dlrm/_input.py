@@ -25,7 +25,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from tilecore import ops
-from tilecore.data import ClickBatch, ClickSource
+from tilecore.data import ClickBatch, ClickSource, StreamedClicks
 from tilecore.preprocessing import PreprocessedBatch, PreprocessStats, preprocess
 from tilecore.stacking import StackingPlan
 
@@ -85,6 +85,8 @@ class Inputs:
         """Training batch `step` from the input workers, on the devices (the seconds are
         the worker's, generating and preprocessing, plus the transfer's)."""
         host = batches.take(step)
+        if host.bad_rows and isinstance(self.source, StreamedClicks):
+            self.source.merge_bad_rows(host.bad_rows)  # the worker's count joins the run's
         t0 = time.perf_counter()
         batch = self.put(host.sparse, host.dense, host.labels)
         return batch, host.stats, host.sparse.num_minibatches, host.seconds + time.perf_counter() - t0

@@ -16,11 +16,11 @@ import optax
 from jax.sharding import Mesh
 
 from tilecore import ops
-from tilecore.data import ClickSource
+from tilecore.data import ClickSource, StreamedClicks, click_feature_specs
 from tilecore.fdo import TuneReport, tune_limits
 from tilecore.pipelining import DenseState, StepInput, TrainState, TrainStep, train_state_sharding
 from tilecore.preprocessing import IdDroppingWarning
-from tilecore.specs import FeatureSpec, TableSpec
+from tilecore.specs import FeatureSpec
 from tilecore.stacking import StackingPlan, plan_stacking
 
 from ._buffers import minibatching_plan
@@ -37,17 +37,11 @@ from ._tables import init_variables, uniform_init
 
 
 def click_features(source: ClickSource, config: TrainConfig) -> list[FeatureSpec]:
-    """One table per click feature: `sum` for one-hot, `mean` for multi-hot features."""
-    return [
-        FeatureSpec(
-            name=f.name, input_shape=(source.batch_size, f.max_ids),
-            table=TableSpec(name=f.name, vocab_size=f.vocab_size,
-                            embedding_dim=config.model.embedding_dim,
-                            optimizer=config.table_optimizer, initializer=uniform_init,
-                            combiner="sum" if f.max_ids == 1 else "mean"),
-        )
-        for f in source.features
-    ]
+    """A feature per click feature, on the tables they name (`tilecore.data.click_feature_specs`:
+    a table each unless shared; `sum` pools one-hot features, `mean` multi-hot ones)."""
+    return list(click_feature_specs(
+        source.features, source.batch_size, embedding_dim=config.model.embedding_dim,
+        optimizer=config.table_optimizer, initializer=uniform_init))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -177,6 +171,7 @@ def train(source: ClickSource, config: TrainConfig, *, progress: TextIO | None =
         step_seconds=(timed / (run_steps_count - 1) if run_steps_count > 1 else float("nan")),
         input=(f"{config.staged_batches} staged" if config.staged_batches else
                f"{config.input_processes} processes" if config.input_processes else "threads"),
+        bad_rows=source.bad_rows if isinstance(source, StreamedClicks) else 0,
     )
     return TrainResult(summary=summary, state=state, plan=plan)
 

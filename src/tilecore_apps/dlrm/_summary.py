@@ -71,6 +71,10 @@ class TrainSummary:
     `mean_minibatches` the mean per step; `dropped_ids` counts the IDs dropped
     over the run (0 with minibatching, unless one row alone exceeds a limit or a
     batch needs more than its buffer holds).
+
+    `bad_rows`: rows of streamed data files skipped as unreadable
+    (`ReadOptions.skip_bad_rows`), each counted once, whether batches were read
+    in threads or in worker processes.
     """
 
     steps: int
@@ -107,6 +111,7 @@ class TrainSummary:
     preprocess_seconds_per_batch: float = float("nan")
     step_seconds: float = float("nan")
     input: str = "threads"  # where batches came from: "threads", "N processes", "N staged"
+    bad_rows: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict; the headline keys come first."""
@@ -137,6 +142,8 @@ class TrainSummary:
             f"{1e3 * self.step_seconds:.1f} ms per step",
             f"  IDs dropped   {self.dropped_ids}   FDO rounds {self.fdo_rounds} (drops "
             f"{list(self.fdo_drops_per_round)})",
+            *([f"  bad rows      {self.bad_rows} skipped (unreadable rows of the data)"]
+              if self.bad_rows else []),
             "  minibatching  " + (
                 f"on: {self.minibatched_steps} of {self.steps - self.start_step} steps split, "
                 f"at most {self.num_minibatches} minibatches per step (mean "

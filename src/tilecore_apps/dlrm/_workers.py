@@ -15,6 +15,10 @@ batches in order. Messages are pickles over the worker's stdin and stdout (its
 `print`s go to stderr). A worker ignores SIGINT and exits when its stdin closes,
 so Ctrl-C reaches only the main process, which closes the pipes, waits for the
 workers and kills any that does not exit.
+
+Each batch also carries the bad rows that the worker's copy of a streamed source
+has skipped so far (`HostBatch.bad_rows`); the main process merges them into its
+source's count, so a run reports the same count with threads or processes.
 """
 
 from __future__ import annotations
@@ -28,13 +32,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:  # the workers import only what they run
     import numpy as np
 
-    from tilecore.data import ClickSource
+    from tilecore.data import BadRows, ClickSource
     from tilecore.preprocessing import PreprocessedBatch, PreprocessStats
     from tilecore.stacking import StackingPlan
 
@@ -51,6 +56,7 @@ class HostBatch(NamedTuple):
     dense: np.ndarray
     labels: np.ndarray
     seconds: float  # generating and preprocessing it, in the worker
+    bad_rows: Mapping[str, BadRows]  # the worker's source's, per file (`StreamedClicks`)
 
 
 class InputWorkerError(RuntimeError):
@@ -189,12 +195,15 @@ class ProcessBatches:
 
 
 def _prepare(source: Any, plan: Any, num_threads: int | None, step: int) -> tuple[Any, ...]:
+    from tilecore.data import StreamedClicks
     from tilecore.preprocessing import preprocess
 
     t0 = time.perf_counter()
     batch = source.train_batch(step)
     sparse, stats = preprocess(plan, batch.sparse, num_threads=num_threads)
-    return sparse, stats, batch.dense, batch.labels, time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    bad_rows = source.bad_rows_by_file() if isinstance(source, StreamedClicks) else {}
+    return sparse, stats, batch.dense, batch.labels, seconds, bad_rows
 
 
 def _serve() -> None:
@@ -210,9 +219,11 @@ def _serve() -> None:
     setup: tuple[Any, Any, int | None] | None = None
     setup_error = ""
     try:
+        from tilecore.data import BadRowsWarning
         from tilecore.preprocessing import IdDroppingWarning
 
         warnings.simplefilter("ignore", IdDroppingWarning)  # counted from the stats instead
+        warnings.simplefilter("ignore", BadRowsWarning)  # merged into the main process's count
         setup = pickle.load(requests)
     except Exception:
         setup_error = f"setting up failed (is the source picklable?):\n{traceback.format_exc()}"
