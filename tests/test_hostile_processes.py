@@ -1,68 +1,114 @@
-"""Hostile cases between processes: a job whose processes disagree, then one that fails.
+"""Hostile cases between processes: a job whose processes disagree, then one that fails or dies.
 
-Two real JAX processes (gloo collectives over localhost, two CPU devices each) run
-`_together_worker.py`: processes with different learning rates must all raise the
-same clear error before any collective runs (gloo used to abort them without a
-Python error), and when one process dies of an exception its peers, blocked in a
-collective it never joins, must exit non-zero within seconds naming it (they used
-to wait forever, and the failed process never exited either). Two launches: the
-failing process is a worker (1), or process 0, which hosts the job's key-value store.
+Real JAX processes (gloo collectives over localhost) run `_together_worker.py`. The last
+process holds a plan with another learning rate: every process must raise the same clear
+error before any collective runs (gloo used to abort them without a Python error). Then
+one process fails while the others wait for it in a collective it never joins; they must
+exit non-zero within a bounded time naming it (they used to wait forever, and a failed
+process never exited either). Three launches:
+
+- coordinator-fails: 2 processes × 2 devices disagree and agree through the ops, then
+  process 0, which hosts the job's key-value store, raises;
+- worker-fails: 3 processes disagree and agree through `agree_on_plan` (no topology spans
+  three processes' devices: nothing to compile), then process 1 raises;
+- worker-killed: 3 processes, process 1 is killed by SIGKILL once its peers have heard
+  from it. It says nothing; process 0 waits for it in a collective (gloo raises, naming
+  no process), process 2 has finished and waits in JAX's shutdown barrier (nothing
+  raises): both must notice its silence, here after `SILENT_S`, and name it; process 0
+  must not take finished process 2 for dead.
+
+`test_silence_*` and `test_fail_together_refuses_*` check the silence rule and its settings
+in-process.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import pytest
 
+from _together_worker import SILENT_S
 from test_distributed import _free_port, _gloo_missing, _useful_lines
+from tilecore.distributed import fail_together
+from tilecore.distributed._together import DONE, Silence
 
 WORKER = Path(__file__).with_name("_together_worker.py")
-PROCESSES = 2
 BOUND_S = 60.0
 """The issue's bound: every peer of a failed process exits within this."""
 
 
-class Job(NamedTuple):
+class Launch(NamedTuple):
+    processes: int
+    devices: int
+    """Per process."""
     failing: int
+    how: Literal["raise", "kill"]
+    agree: Literal["ops", "plans", "none"]
+    """How the processes first disagree, then agree (see `_together_worker.py`)."""
+
+
+LAUNCHES = {"coordinator-fails": Launch(2, 2, 0, "raise", "ops"),
+            "worker-fails": Launch(3, 1, 1, "raise", "plans"),
+            "worker-killed": Launch(3, 1, 1, "kill", "none")}
+MadeOnce = Callable[[str, Callable[[Path], object]], Path]
+
+
+class Job(NamedTuple):
+    launch: Launch
     returncodes: list[int | None]
     exited_at: list[float]
     seen: list[dict[str, Any]]
     logs: list[str]
     failed_at: float
+    """When the failing process raised, or was killed."""
 
 
-@pytest.fixture(scope="module", params=[1, 0], ids=["worker-fails", "coordinator-fails"])
-def job(request: pytest.FixtureRequest,
-        made_once: Callable[[str, Callable[[Path], object]], Path]) -> Job:
+def _job(name: str, made_once: MadeOnce) -> Job:
     reason = _gloo_missing()
     if reason:
         pytest.skip(reason)
-    failing: int = request.param
-    out = made_once(f"together-{failing}", lambda folder: (folder / "job.json").write_text(
-        json.dumps(_run_job(failing, folder)._asdict())))
-    return Job(**json.loads((out / "job.json").read_text()))
+    out = made_once(f"together-{name}", lambda folder: (folder / "job.json").write_text(
+        json.dumps(_run_job(LAUNCHES[name], folder)._asdict())))
+    job = json.loads((out / "job.json").read_text())
+    return Job(**{**job, "launch": Launch(*job["launch"])})
 
 
-def _run_job(failing: int, out: Path) -> Job:
+@pytest.fixture(scope="module", params=["coordinator-fails", "worker-fails"])
+def failed(request: pytest.FixtureRequest, made_once: MadeOnce) -> Job:
+    return _job(request.param, made_once)
+
+
+@pytest.fixture(scope="module")
+def killed(made_once: MadeOnce) -> Job:
+    return _job("worker-killed", made_once)
+
+
+def _run_job(launch: Launch, out: Path) -> Job:
+    count = launch.processes
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1",
-               XLA_FLAGS="--xla_force_host_platform_device_count=2")
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={launch.devices}")
     port = _free_port()
-    logs = [open(out / f"log-{p}.txt", "w") for p in range(PROCESSES)]  # noqa: SIM115
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(p), str(PROCESSES), str(port),
-                               str(out), str(failing)], env=env, stdout=log,
+    logs = [open(out / f"log-{p}.txt", "w") for p in range(count)]  # noqa: SIM115
+    procs = [subprocess.Popen([sys.executable, str(WORKER), str(p), str(count), str(port),
+                               str(out), str(launch.failing), launch.how, launch.agree],
+                              env=env, stdout=log,
                               stderr=subprocess.STDOUT) for p, log in enumerate(logs)]
-    exited_at = [0.0] * PROCESSES
+    exited_at = [0.0] * count
+    failed_at = 0.0
     deadline = time.monotonic() + 240
     try:
         while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+            if launch.how == "kill" and not failed_at and (out / "ready").exists():
+                procs[launch.failing].send_signal(signal.SIGKILL)
+                failed_at = time.time()
             for k, proc in enumerate(procs):
                 if proc.poll() is not None and not exited_at[k]:
                     exited_at[k] = time.time()
@@ -78,14 +124,16 @@ def _run_job(failing: int, out: Path) -> Job:
         for log in logs:
             log.close()
     seen = [json.loads(path.read_text()) if (path := out / f"seen-{p}.json").exists() else {}
-            for p in range(PROCESSES)]
-    failed = out / "failed-at"
-    return Job(failing, codes, exited_at, seen,
-               ["\n".join(_useful_lines(out / f"log-{p}.txt")[-30:]) for p in range(PROCESSES)],
-               float(failed.read_text()) if failed.exists() else 0.0)
+            for p in range(count)]
+    if launch.how == "raise" and (out / "failed-at").exists():
+        failed_at = float((out / "failed-at").read_text())
+    return Job(launch, codes, exited_at, seen,
+               ["\n".join(_useful_lines(out / f"log-{p}.txt")[-30:]) for p in range(count)],
+               failed_at)
 
 
-def test_processes_with_different_learning_rates_all_raise(job: Job) -> None:
+def test_processes_with_different_learning_rates_all_raise(failed: Job) -> None:
+    job = failed
     for p, seen in enumerate(job.seen):
         message = seen.get("disagree")
         assert message, f"process {p} ran with a plan its peers do not hold:\n{job.logs[p]}"
@@ -94,17 +142,53 @@ def test_processes_with_different_learning_rates_all_raise(job: Job) -> None:
     assert all(seen.get("agree") == ["fa", "fb0", "fb1"] for seen in job.seen), job.seen
 
 
-def test_a_failed_process_ends_the_job_within_the_bound(job: Job) -> None:
-    failing = job.failing
+def _assert_survivors_exit(job: Job, failure: int | None, says: str) -> None:
+    """The failing process ended with `failure` (exit status or -signal), every other one
+    with 71 within the bound, saying `says`, and no collective returned."""
+    failing = job.launch.failing
     assert job.failed_at, f"the failing process never got to fail:\n{job.logs[failing]}"
     for p, code in enumerate(job.returncodes):
         assert code is not None, f"process {p} hung:\n{job.logs[p]}"
-        assert code == (1 if p == failing else 71), f"process {p} exited {code}:\n{job.logs[p]}"
+        assert code == (failure if p == failing else 71), f"process {p} exited {code}:\n{job.logs[p]}"
         assert job.exited_at[p] - job.failed_at < BOUND_S, (p, job.exited_at[p] - job.failed_at)
         assert "collective_returned" not in job.seen[p]
-    error = f"RuntimeError: empty batch on process {failing} (on purpose)"
-    assert error in job.logs[failing]
-    for p in range(PROCESSES):
         if p != failing:
-            assert f"process {failing} of this job failed with {error!r}" in job.logs[p], (
-                job.logs[p])
+            assert says in job.logs[p], job.logs[p]
+
+
+def test_a_failed_process_ends_the_job_within_the_bound(failed: Job) -> None:
+    failing = failed.launch.failing
+    error = f"RuntimeError: empty batch on process {failing} (on purpose)"
+    assert error in failed.logs[failing]
+    _assert_survivors_exit(failed, 1, f"process {failing} of this job failed with {error!r}")
+
+
+def test_a_killed_process_ends_the_job_within_the_bound(killed: Job) -> None:
+    _assert_survivors_exit(killed, -signal.SIGKILL,
+                           f"process {killed.launch.failing} of this job stopped answering "
+                           f"for {SILENT_S:g} s (killed")
+    for p, at in enumerate(killed.exited_at):  # silence it is: not sooner than SILENT_S
+        assert p == killed.launch.failing or at - killed.failed_at >= SILENT_S, (p, at)
+    assert "finished" in killed.seen[2] and "waiting_since" in killed.seen[0], killed.seen
+
+
+def test_silence_names_a_peer_whose_count_stands_still_for_silent_s() -> None:
+    silence = Silence(4.0)
+    assert silence.silent({"1": "1", "2": "7"}, now=0.0) is None
+    assert silence.silent({"1": "2", "2": "7"}, now=3.9) is None
+    assert silence.silent({"1": "3", "2": "7"}, now=4.0) == "2"
+    assert silence.silent({"1": "3", "2": "8"}, now=7.9) is None  # "2" moved: judged anew
+    assert silence.silent({"1": "3", "2": "8"}, now=8.0) == "1"
+
+
+def test_silence_spares_peers_that_are_done_or_not_yet_counting() -> None:
+    silence = Silence(4.0)
+    assert silence.silent({"1": "5"}, now=0.0) is None
+    assert silence.silent({"1": DONE}, now=1.0) is None
+    assert silence.silent({"1": DONE, "2": "1"}, now=100.0) is None  # "2": first count
+    assert silence.silent({"1": DONE, "2": "2"}, now=200.0) is None
+
+
+def test_fail_together_refuses_a_silence_shorter_than_three_polls() -> None:
+    with pytest.raises(ValueError, match=r"silent_s >= 3 \* poll_s"):
+        fail_together(poll_s=1.0, silent_s=2.0)

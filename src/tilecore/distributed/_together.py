@@ -1,12 +1,17 @@
 """Processes of one job agree before they start, and fail together when one fails.
 
-Two failure modes of multi-process jobs end badly without this:
+Three failure modes of multi-process jobs end badly without this:
 
 - processes whose plans differ (limits, learning rates, topology) run their
   collectives with buffers of different sizes: gloo aborts the process
   (`op.preamble.length <= op.nbytes`) with no Python exception;
 - a process that raises leaves its peers waiting in a collective forever, and
-  never exits itself (JAX's shutdown barrier waits for the peers).
+  never exits itself (JAX's shutdown barrier waits for the peers);
+- a process killed by a signal (SIGKILL, the OOM killer) says nothing: a peer in a
+  collective with it gets gloo's "Connection closed by peer", which names no
+  process, and a peer waiting elsewhere (the key-value store, JAX's shutdown
+  barrier) waits until JAX's heartbeat times out (100 s by default) and aborts it,
+  again without a Python exception.
 
 `agree_on_plan` compares a fingerprint of the plan (every table with its optimizer
 and hyperparameters, feature, stack, limit, the topology and config) and any
@@ -14,8 +19,11 @@ further hyperparameters the caller names, through JAX's distributed key-value
 store, and raises the same `ValueError` on every process on a mismatch. The
 device ops call it (through `ensure_agreed`) the first time they trace a plan in
 a multi-process job. `fail_together` makes a process that dies of an uncaught
-exception publish its error and exit at once, and makes every peer that sees
-the error exit non-zero within a few seconds, naming the failed process.
+exception publish its error and exit at once; every process also bumps a count in
+the store every second, and the first peer to see one stand still for `silent_s`
+(30 s) publishes that silence. Every peer that reads either exits non-zero within
+seconds, naming the process. (Process 0 hosts the store: when it is killed, JAX
+itself ends every peer at once, an abort whose log blames the leader task.)
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import re
 import sys
 import threading
 import time
@@ -36,15 +45,28 @@ from ._agreement import DistributedAgreement
 from ._exchange import KeyValueStore, jax_store
 from ._fingerprint import canonical, digest, plan_items
 
-FAILED_KEY = "tilecore/failed/"
-"""`<FAILED_KEY><process>` holds the error a process died of."""
+TOGETHER_KEY = "tilecore/together/"
+"""What `fail_together` publishes; its watchdog reads it all in one call."""
+GONE_KEY = f"{TOGETHER_KEY}gone/"
+"""`<GONE_KEY><process>` says why the process is gone: `failed with '<its error>'`, as it
+published itself, or `stopped answering ...`, as the first peer to notice published."""
+ALIVE_KEY = f"{TOGETHER_KEY}alive/"
+"""`<ALIVE_KEY><process>` holds a count its watchdog bumps every poll, then `DONE`."""
+DONE = "done"
+"""The last count of a process that exited normally."""
 EXIT_CODE = 71
 """What a process exits with when a peer failed (the failed one exits with 1)."""
 
+_LOST_PEER = re.compile(r"gloo|nccl|closed by peer|reset by peer|broken pipe", re.I)
+"""What a collective's error says when a peer died under it (gloo: "Connection closed by
+peer [address]"): the error names no process, so the watchdog is left time to find it."""
+
 _agreed: set[str] = set()
 _lock = threading.Lock()
+_publishing = threading.Lock()
 _installed = threading.Event()
 _stopping = threading.Event()
+"""Set at a normal exit: the watchdog beats no more, and a lost store is no failure."""
 
 
 def agree_on_plan(plan: StackingPlan, *, hyperparameters: Mapping[str, Any] | None = None,
@@ -83,16 +105,43 @@ def ensure_agreed(plan: StackingPlan) -> None:
         _agreed.add(key)
 
 
-def fail_together(*, poll_s: float = 1.0) -> None:
-    """Make this process's uncaught exception end every process of the job.
+def fail_together(*, poll_s: float = 1.0, silent_s: float = 30.0) -> None:
+    """Make this process's failure, or death, end every process of the job.
 
-    Installs (once) a `sys.excepthook` that publishes the error under
-    `tilecore/failed/<process>`, prints the traceback and exits with status 1
-    (skipping JAX's shutdown barrier, which would wait for peers forever), and a
-    daemon thread that polls for a peer's published error every `poll_s` seconds
-    and then exits this process with status 71, naming the failed process and
-    its error. A no-op without JAX's distributed runtime.
+    Installs, once (later calls change nothing):
+
+    - a `sys.excepthook` that prints the traceback, publishes the error under
+      `tilecore/together/gone/<process>` and exits with status 1 (skipping JAX's
+      shutdown barrier, which would wait for the peers forever). The error of a
+      collective that lost a peer (gloo's "Connection closed by peer", which names no
+      process) first waits up to `silent_s + 3 * poll_s` for the watchdog to name it;
+    - a daemon watchdog thread that every `poll_s` seconds bumps this process's count
+      `tilecore/together/alive/<process>` and reads its peers'. It exits this process
+      with status 71, naming the peer, when a peer is gone: it published the error it
+      died of, or its count has not moved for `silent_s` seconds of this process's
+      clock (it was killed, e.g. by the OOM killer, or hangs; the first peer to notice
+      publishes that, and the others follow at their next poll); and when the
+      key-value store is gone. Process 0 hosts the store: it waits `3 * poll_s`
+      before it exits, so that its peers can read why.
+
+    A peer is watched from its first count: call this right after
+    `jax.distributed.initialize` to watch from the start (the ops install it when
+    they first trace a plan); a peer killed before its first count is left to JAX's
+    heartbeat. A process that exits normally publishes `done` at exit (before JAX's
+    shutdown), so its silence is not taken for death, and watches on through JAX's
+    shutdown barrier, which would otherwise wait for a dead peer. A process that
+    leaves by `os._exit` publishes nothing: peers that run on for `silent_s` more
+    take it for killed. When process 0 itself is killed, JAX's client ends every
+    peer at once (an abort, not a Python error; its log blames the leader task).
+    A no-op without JAX's distributed runtime.
+
+    Raises:
+      ValueError: unless `0 < 3 * poll_s <= silent_s`.
     """
+    if not 0 < 3 * poll_s <= silent_s:
+        raise ValueError(
+            f"fail_together: {poll_s=} and {silent_s=}; a peer must have at least three "
+            "polls to show it is alive: pass poll_s > 0 and silent_s >= 3 * poll_s.")
     store, me, count = _runtime()
     if store is None or count == 1:
         return
@@ -104,43 +153,96 @@ def fail_together(*, poll_s: float = 1.0) -> None:
         def hook(kind: type[BaseException], error: BaseException,
                  tb: TracebackType | None) -> None:
             text = "".join(traceback.format_exception_only(kind, error)).strip()
-            with contextlib.suppress(Exception):  # the runtime may be gone too; still exit
-                store.key_value_set(f"{FAILED_KEY}{me}", text[:2000], allow_overwrite=True)
             previous(kind, error, tb)
+            if _LOST_PEER.search(text):  # a collective lost a peer: let the watchdog name it
+                sys.stderr.write(
+                    f"\ntilecore: process {me} lost a peer in a collective; waiting up to "
+                    f"{silent_s + 3 * poll_s:g} s to learn which process failed.\n")
+                time.sleep(silent_s + 3 * poll_s)  # the watchdog exits (71) once it knows
+            with contextlib.suppress(Exception):  # the runtime may be gone too; still exit
+                store.key_value_set(f"{GONE_KEY}{me}", f"failed with {text[:2000]!r}",
+                                    allow_overwrite=True)
             if me == 0:  # process 0 hosts the key-value store: let the peers read the error
                 time.sleep(3 * poll_s)
             _exit(1)
 
+        def done() -> None:  # runs before JAX's shutdown (registered after it): a normal exit
+            with _publishing:
+                _stopping.set()
+                with contextlib.suppress(Exception):
+                    store.key_value_set(f"{ALIVE_KEY}{me}", DONE, allow_overwrite=True)
+
         sys.excepthook = hook
-        atexit.register(_stopping.set)  # runs before JAX's shutdown: a normal exit
-        watchdog = threading.Thread(target=_watch, args=(store, me, poll_s),
+        atexit.register(done)
+        watchdog = threading.Thread(target=_watch, args=(store, me, poll_s, silent_s),
                                     name="tilecore-fail-together", daemon=True)
         watchdog.start()
         _installed.set()
 
 
-def _watch(store: KeyValueStore, me: int, poll_s: float) -> None:
-    """Exit this process when a peer has published the error it died of, or when the
-    job's key-value store (hosted by process 0) is gone while this process runs."""
-    while not _stopping.wait(poll_s):
+class Silence:
+    """Which peer's counter has not moved for `silent_s` seconds of this process's clock.
+
+    A peer is judged from its first count on, and never once it is `DONE`; the
+    clock is the reader's own, so the processes' clocks need not agree.
+    """
+
+    def __init__(self, silent_s: float) -> None:
+        self._silent_s = silent_s
+        self._heard: dict[str, tuple[str, float]] = {}
+        """Peer → its last count and when (this process's monotonic clock) it changed."""
+
+    def silent(self, counts: Mapping[str, str], now: float) -> str | None:
+        """The first peer in `counts` (peer → its count) that has been silent too long."""
+        for peer, count in counts.items():
+            last = self._heard.get(peer)
+            if last is None or last[0] != count:
+                self._heard[peer] = (count, now)
+            elif count != DONE and now - last[1] >= self._silent_s:
+                return peer
+        return None
+
+
+def _watch(store: KeyValueStore, me: int, poll_s: float, silent_s: float) -> None:
+    """Beat, then exit this process when a peer has failed, died or hung (publishing a
+    silence it noticed first, for the others), or when the key-value store (hosted by
+    process 0) is gone while this process runs."""
+    silence = Silence(silent_s)
+    beats = 0
+    while True:
         try:
-            failed = [(key, value) for key, value in store.key_value_dir_get(FAILED_KEY)
-                      if not key.endswith(f"/{me}")]
+            with _publishing:  # `done` waits for a beat in flight, and is never overwritten
+                if not _stopping.is_set():
+                    beats += 1
+                    store.key_value_set(f"{ALIVE_KEY}{me}", str(beats), allow_overwrite=True)
+            entries = store.key_value_dir_get(TOGETHER_KEY)
         except Exception as error:
-            if _stopping.is_set():
+            if _stopping.is_set():  # JAX's shutdown has ended the runtime: a normal exit
                 return
             sys.stderr.write(
                 f"\ntilecore: process {me} lost the job's coordination service (process 0 "
-                f"has exited or failed: {error}); exiting (status {EXIT_CODE}) instead of "
-                "waiting for it in a collective.\n")
+                f"has exited, failed or been killed: {error}); exiting (status {EXIT_CODE}) "
+                "instead of waiting for it in a collective.\n")
             _exit(EXIT_CODE)
-        if failed:
-            key, error = sorted(failed)[0]
+        gone = sorted((int(key.rsplit("/", 1)[-1]), value) for key, value in entries
+                      if key.startswith(GONE_KEY) and not key.endswith(f"/{me}"))
+        silent = silence.silent({key.rsplit("/", 1)[-1]: value for key, value in entries
+                                 if key.startswith(ALIVE_KEY) and not key.endswith(f"/{me}")},
+                                time.monotonic())
+        if not gone and silent is not None:
+            gone = [(int(silent), f"stopped answering for {silent_s:g} s (killed, e.g. by "
+                                  "the OOM killer, or hung)")]
+            with contextlib.suppress(Exception):  # the peers that have not noticed follow
+                store.key_value_set(f"{GONE_KEY}{silent}", gone[0][1], allow_overwrite=True)
+        if gone:
+            peer, why = gone[0]
             sys.stderr.write(
-                f"\ntilecore: process {key.rsplit('/', 1)[-1]} of this job failed with "
-                f"{error!r}; process {me} exits too (status {EXIT_CODE}) instead of waiting "
-                "for it in a collective.\n")
+                f"\ntilecore: process {peer} of this job {why}; process {me} exits too "
+                f"(status {EXIT_CODE}) instead of waiting for it.\n")
+            if me == 0:  # process 0 hosts the key-value store: let the other peers read it
+                time.sleep(3 * poll_s)
             _exit(EXIT_CODE)
+        time.sleep(poll_s)
 
 
 def _exit(status: int) -> NoReturn:
