@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import threading
 
-import numba
 import numpy as np
 
+from .._numba import njit
 from ._highway import hash_buckets
 
 MAX_MEMO_COLUMNS = 1 << 26  # 64 MiB
@@ -43,7 +43,7 @@ def clear_bucket_memo() -> None:
         _memo = np.zeros(0, np.uint8)
 
 
-@numba.njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True)
 def memo_buckets(cols, memo, state, misses, miss_buckets, out):
     """`out[i]` = the bucket of column `cols[i]`: read from `memo`, else hashed (all
     misses in one `hash_buckets` call) and remembered. `misses`/`miss_buckets` are

@@ -8,10 +8,11 @@ puts them in order otherwise (values of one row keep their order).
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
-_jit = numba.njit(nogil=True, cache=True, error_model="numpy")
+from .._numba import njit
+
+_jit = njit(nogil=True, cache=True, error_model="numpy")
 
 
 @_jit

@@ -12,6 +12,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from .._numba import njit
+
 NUM_BUCKETS = 64
 BUCKET_BITS = 6
 BUCKET_KEY = np.array(
@@ -19,7 +21,7 @@ BUCKET_KEY = np.array(
     dtype=np.uint64,
 )
 
-_jit = numba.njit(nogil=True, cache=True)
+_jit = njit(nogil=True, cache=True)
 _inline = numba.njit(inline="always")
 _INIT_MUL0 = np.array(
     [0xDBE6D5D5FE4CCE2F, 0xA4093822299F31D0, 0x13198A2E03707344, 0x243F6A8885A308D3],

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from .._numba import njit
 from ._packed import aligned, fill
 
 SUM, MEAN, SQRTN = 0, 1, 2
@@ -24,7 +25,7 @@ SAMPLE_BITS = 26
 # Error codes returned by `stage` (the offending position is returned beside).
 OK, BAD_WEIGHT, ZERO_WEIGHT_SUM = 0, 2, 3
 
-_jit = numba.njit(nogil=True, cache=True, error_model="numpy")
+_jit = njit(nogil=True, cache=True, error_model="numpy")
 
 
 @numba.njit(inline="always")

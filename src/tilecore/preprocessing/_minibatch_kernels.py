@@ -15,15 +15,15 @@ Merged entries keep the sorted-entry form `(partition << rowbits | row) << 26 | 
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
+from .._numba import njit
 from ._bucket_memo import memo_buckets
 from ._highway import NUM_BUCKETS
 from ._kernels import SAMPLE_BITS, SUM
 from ._packed import aligned, fill
 
-_jit = numba.njit(nogil=True, cache=True, error_model="numpy")
+_jit = njit(nogil=True, cache=True, error_model="numpy")
 SPLIT_BITS = NUM_BUCKETS - 1
 
 

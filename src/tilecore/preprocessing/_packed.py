@@ -26,6 +26,8 @@ from typing import Any
 import numba
 import numpy as np
 
+from .._numba import njit
+
 ALIGNMENT = 8
 """Partitions start on multiples of this many entries."""
 FILLER_ID = np.int32(2**31 - 1)
@@ -46,7 +48,7 @@ def pointers_per_block(num_partitions: int) -> int:
     return max(num_partitions, MIN_POINTERS)
 
 
-_jit = numba.njit(nogil=True, cache=True, error_model="numpy", boundscheck=False)
+_jit = njit(nogil=True, cache=True, error_model="numpy", boundscheck=False)
 aligned = numba.njit(inline="always", cache=True)(align_up)
 """`align_up` compiled for numba kernels."""
 

@@ -27,10 +27,10 @@ those of the row `AHEAD` rows on (about twice as fast on a busy 2-core host).
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 from numba.np.numpy_support import carray
 
+from .._numba import njit
 from ._pointers import load, memcpy, pointer, prefetch
 
 OK, FALLBACK = 0, 1
@@ -38,7 +38,7 @@ ALIGNED = 0x0100  # NPY_ARRAY_ALIGNED
 # Indices into the `offsets` array the kernels take.
 TYPE, DATA, NDIM, DIMS, STRIDES, DESCR, FLAGS = range(7)
 
-_jit = numba.njit(nogil=True, cache=True, error_model="numpy")
+_jit = njit(nogil=True, cache=True, error_model="numpy")
 AHEAD = 16  # rows whose headers are fetched ahead of the one being read
 
 

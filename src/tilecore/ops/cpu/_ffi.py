@@ -45,6 +45,7 @@ import numpy as np
 from numba import types
 from numpy.typing import DTypeLike
 
+from ..._numba import compile_lock, njit
 from ._ffi_abi import (  # noqa: F401  (generated handlers use these names)
     _API_ERROR_CREATE,
     _BUF_SIZE,
@@ -201,7 +202,8 @@ def _compiled_handler(name: str, kernel: Any, args: Sequence[tuple[np.dtype, int
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # numba finds (and re-imports) a cached function's module
-    spec.loader.exec_module(module)
+    with compile_lock(str(path.with_suffix(".lock"))):  # one process compiles, the rest load
+        spec.loader.exec_module(module)
     return module.handler
 
 
@@ -269,7 +271,7 @@ def register_kernel(name: str, kernel: Callable[..., Any], args: Sequence[Spec],
 # --------------------------------------------------------------------------------------
 # Kernels.
 # --------------------------------------------------------------------------------------
-_kernel_jit = numba.njit(nogil=True, cache=True, error_model="numpy", boundscheck=False)
+_kernel_jit = njit(nogil=True, cache=True, error_model="numpy", boundscheck=False)
 
 
 @_kernel_jit

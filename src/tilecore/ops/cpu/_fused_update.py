@@ -40,7 +40,7 @@ from ._rule_source import RuleSource, hyper_kind, rule_source
 
 _TEMPLATE = '''
 
-_jit = numba.njit(nogil=True, cache={cache}, error_model="numpy", boundscheck=False)
+_jit = njit(nogil=True, cache={cache}, error_model="numpy", boundscheck=False)
 rule = numba.njit(inline="always", cache={cache}, error_model="numpy")(rule)
 
 
@@ -111,7 +111,8 @@ def _module_source(rule: RuleSource, cached: bool) -> str:
         f"    if {o}.ctypes.data != {i}.ctypes.data:\n        {o}[:] = {i}"
         for i, o in zip(ins.split(", "), outs.split(", "), strict=True))
     return (
-        "import numba\nimport numpy as np\n\nfrom tilecore.ops.cpu import _kernels, _segments\n"
+        "import numba\nimport numpy as np\n\nfrom tilecore._numba import njit\n"
+        "from tilecore.ops.cpu import _kernels, _segments\n"
         "from tilecore.preprocessing import _packed\n\n"
         + rule.source
         + _TEMPLATE.format(

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numba
 import numpy as np
 
+from ..._numba import njit
 from ...preprocessing._packed import run_bounds
 from .._backend import FlatBuffers
 from .._layout import StackLayout
 from ._ffi import register_kernel
 from ._vector import add_scaled, row_address
 
-_jit = numba.njit(nogil=True, cache=True, error_model="numpy", boundscheck=False)
+_jit = njit(nogil=True, cache=True, error_model="numpy", boundscheck=False)
 
 
 @_jit

@@ -14,14 +14,14 @@ are clipped to the buffer and entries outside their shard or SparseCore skipped.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
+from ..._numba import njit
 from ...preprocessing._pointers import prefetch
 from ._kernels import entry_in_range
 from ._vector import add_scaled, row_address
 
-_jit = numba.njit(nogil=True, cache=True, error_model="numpy", boundscheck=False)
+_jit = njit(nogil=True, cache=True, error_model="numpy", boundscheck=False)
 
 PREFETCH_DISTANCE = 8
 """Entries ahead of the current one whose row `upcoming_row` names, for prefetching: far

@@ -19,6 +19,8 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
+from ..._numba import njit
+
 # Intrinsics are called without their typing context: to pyright, any callable.
 _intrinsic = cast(Callable[[Callable[..., Any]], Callable[..., Any]], intrinsic)
 
@@ -59,7 +61,7 @@ def _axpy1(typingctx, destination, source, gain):
     return types.none(types.int64, types.int64, types.float32), _axpy_codegen(1)
 
 
-_jit = numba.njit(nogil=True, cache=True, error_model="numpy", boundscheck=False)
+_jit = njit(nogil=True, cache=True, error_model="numpy", boundscheck=False)
 
 
 @_jit

@@ -1,0 +1,95 @@
+"""numba's `njit`, cached on disk and compiled by one process at a time: the way every
+tilecore kernel is compiled.
+
+numba keeps machine code in an on-disk cache (`cache=True`), but processes that start
+together on a cold cache each compile every kernel they call: the input worker
+processes of a training run, the processes of a multi-process job, a test session's
+workers. A kernel costs 1 to 6 s of CPU to compile, so six input workers on a small host
+spent minutes compiling the same code before their first batch. Here a compile takes an
+inter-process lock beside the function's cache index first; a process that waited for it
+then finds the first one's machine code in the cache and loads it instead.
+
+Only a cache miss locks: a signature this process already has, or one numba loads from
+disk, costs what it did. Without a writable cache directory nothing is locked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numba
+from numba.core import sigutils
+from numba.core.compiler_lock import global_compiler_lock
+
+_held: set[str] = set()
+"""The lock files this process holds: a compile nested in another of the same function
+(recursion) must not wait for itself."""
+
+
+def njit(**options: Any) -> Callable[[Callable[..., Any]], Any]:
+    """`numba.njit(**options)` whose compiles of a cached function (`cache=True`) run in
+    one process at a time, the others loading what it wrote."""
+    decorate = numba.njit(**options)
+
+    def wrap(func: Callable[..., Any]) -> Any:
+        dispatcher = decorate(func)
+        if options.get("cache"):
+            _compile_once(dispatcher)
+        return dispatcher
+
+    return wrap
+
+
+@contextlib.contextmanager
+def compile_lock(path: str) -> Iterator[None]:
+    """Hold `path` (created if missing) exclusively against other processes, and numba's
+    own compiler lock against this process's threads, while compiling what it guards.
+
+    numba's lock comes first: a thread waiting for a file another thread of this process
+    holds would otherwise wait while holding the lock that thread needs. A directory
+    that cannot take the file locks nothing.
+    """
+    with global_compiler_lock:
+        if path in _held:
+            yield
+            return
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            yield
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            _held.add(path)
+            try:
+                yield
+            finally:
+                _held.discard(path)
+        finally:
+            os.close(fd)  # releases the lock
+
+
+def _compile_once(dispatcher: Any) -> None:
+    """Route the dispatcher's compiles of new signatures through `compile_lock`."""
+    cache = dispatcher._cache
+    directory = getattr(cache, "cache_path", None)
+    base = getattr(getattr(cache, "_impl", None), "filename_base", None)
+    if not directory or not base:
+        return
+    path = os.path.join(directory, f"{base}.lock")  # beside numba's `<base>.nbi` index
+    compile_ = dispatcher.compile
+
+    def compile(sig: Any) -> Any:
+        args, _ = sigutils.normalize_signature(sig)
+        if tuple(args) in dispatcher.overloads:
+            return compile_(sig)
+        with contextlib.suppress(OSError):
+            os.makedirs(directory, exist_ok=True)
+        with compile_lock(path):
+            return compile_(sig)  # loads from the cache when another process wrote it
+
+    dispatcher.compile = compile

@@ -1,0 +1,95 @@
+"""`tilecore._numba.njit`: a kernel compiled by one process is loaded, not compiled again,
+by a process that asked for it meanwhile (input workers and test workers start together
+on a cold cache).
+
+The test holds the kernel's compile lock itself, starts a second process that calls the
+kernel, compiles the kernel while that process waits, and lets go: the second process
+must find the machine code in the cache (a hit, no compile of its own).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tilecore._numba import compile_lock
+
+MODULE = textwrap.dedent("""
+    from tilecore._numba import njit
+
+
+    @njit(cache=True, nogil=True)
+    def inner(x):
+        return x * 3
+
+
+    @njit(cache=True, nogil=True)
+    def kernel(x):
+        return inner(x) + 1
+""")
+CHILD = textwrap.dedent("""
+    import json, sys
+    import kernels_under_test as m
+    print("calling", flush=True)
+    value = m.kernel(4)
+    print(json.dumps({"value": value,
+                      "hits": sum(m.kernel.stats.cache_hits.values()),
+                      "misses": sum(m.kernel.stats.cache_misses.values())}), flush=True)
+""")
+
+
+@pytest.fixture
+def kernels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> object:
+    (tmp_path / "kernels_under_test.py").write_text(MODULE)
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("kernels_under_test", None)
+    import numba.core.config
+
+    monkeypatch.setattr(numba.core.config, "CACHE_DIR", str(tmp_path / "cache"))
+    import kernels_under_test
+
+    yield kernels_under_test
+    sys.modules.pop("kernels_under_test", None)
+
+
+def _lock_of(dispatcher: object) -> str:
+    cache = dispatcher._cache  # type: ignore[attr-defined]
+    return os.path.join(cache.cache_path, f"{cache._impl.filename_base}.lock")
+
+
+def test_a_process_waiting_for_a_compile_loads_it(kernels: object, tmp_path: Path) -> None:
+    kernel = kernels.kernel  # type: ignore[attr-defined]
+    lock = _lock_of(kernel)
+    os.makedirs(os.path.dirname(lock), exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]))
+    with compile_lock(lock):
+        child = subprocess.Popen([sys.executable, "-c", CHILD], env=env, cwd=tmp_path,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "calling"
+        time.sleep(1.0)  # the child now waits for the lock (it cannot compile before we let go)
+        assert child.poll() is None, child.communicate()
+        assert kernel(4) == 13  # this process compiles and writes the cache
+        assert sum(kernel.stats.cache_misses.values()) == 1
+    out, err = child.communicate(timeout=120)
+    assert child.returncode == 0, err
+    seen = json.loads(out.strip().splitlines()[-1])
+    assert seen == {"value": 13, "hits": 1, "misses": 0}, (seen, err)
+
+
+def test_compiles_in_one_process_nest_and_need_no_cache_directory(
+        kernels: object, tmp_path: Path) -> None:
+    """A kernel compiled inside another's compile (same process) does not wait for itself;
+    a lock file that cannot be made locks nothing."""
+    assert kernels.kernel(2) == 7  # type: ignore[attr-defined]  # compiles inner inside kernel
+    assert Path(_lock_of(kernels.inner)).exists()  # type: ignore[attr-defined]
+    with compile_lock(str(tmp_path / "no such folder" / "x.lock")):
+        pass
