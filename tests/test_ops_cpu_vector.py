@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tilecore.ops.cpu._vector import add_scaled, row_address
+from tilecore.ops.cpu._vector import add_scaled, copy_table, row_address
 
 
 @numba.njit(cache=False)
@@ -56,3 +56,14 @@ def test_add_scaled_writes_only_its_run(width: int) -> None:
     _add_scaled_at(out, 1, src, np.float32(2.0), width)
     np.testing.assert_array_equal(out[1:width + 1], 7.0 + 2.0 * src)
     assert out[0] == 7.0 and out[width + 1] == 7.0
+
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (7, 3), (64, 17)])
+def test_copy_table_copies_every_element_and_nothing_else(shape: tuple[int, int]) -> None:
+    rng = np.random.default_rng(shape[0])
+    source = rng.normal(size=shape).astype(np.float32)
+    buffer = np.full((shape[0] + 2, shape[1]), -7.0, np.float32)
+    copy_table(buffer[1:-1], source)  # a C-contiguous block of rows inside a bigger array
+    np.testing.assert_array_equal(buffer[1:-1], source)
+    assert (buffer[0] == -7.0).all() and (buffer[-1] == -7.0).all()

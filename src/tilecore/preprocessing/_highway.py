@@ -216,10 +216,11 @@ def _bucket_state(key):
         hi = np.uint32((hi << np.uint32(4)) | (hi >> np.uint32(28)))
         v1[j] = np.uint64(lo) | (np.uint64(hi) << np.uint64(32))
     out = np.empty(16, np.uint64)
-    out[0:4] = v0
-    out[4:8] = v1
-    out[8:12] = mul0
-    out[12:16] = mul1
+    for j in range(4):  # element by element: a slice assignment compiles a shape check and
+        out[j] = v0[j]  # its error message, seconds of compile time for 16 words
+        out[4 + j] = v1[j]
+        out[8 + j] = mul0[j]
+        out[12 + j] = mul1[j]
     return out
 
 

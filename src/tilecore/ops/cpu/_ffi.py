@@ -96,7 +96,7 @@ from ._ffi_abi import (  # noqa: F401  (generated handlers use these names)
     _struct_size,
     _voidptr,
 )
-from ._vector import add_scaled, row_address
+from ._vector import add_scaled, copy_table, row_address
 
 # --------------------------------------------------------------------------------------
 # Handler generation and registration.
@@ -297,7 +297,7 @@ def _scatter_add_rows_kernel(table, rows, delta, out):
     if out.shape[0] != num_rows or out.shape[1] != dim or delta.shape[1] != dim:
         return 1
     if out.ctypes.data != table.ctypes.data:  # not aliased (never expected): copy first
-        out[:] = table
+        copy_table(out, table)
     for i in range(min(rows.shape[0], delta.shape[0])):
         r = rows[i]
         if 0 <= r < num_rows:

@@ -108,11 +108,11 @@ def _module_source(rule: RuleSource, cached: bool) -> str:
         f"    hyper{k} = {'hf' if kind == 'f' else 'hi'}[{k}]"
         for k, kind in enumerate(rule.hyper_kinds)) or "    pass"
     copies = "\n".join(
-        f"    if {o}.ctypes.data != {i}.ctypes.data:\n        {o}[:] = {i}"
+        f"    if {o}.ctypes.data != {i}.ctypes.data:\n        _vector.copy_table({o}, {i})"
         for i, o in zip(ins.split(", "), outs.split(", "), strict=True))
     return (
         "import numba\nimport numpy as np\n\nfrom tilecore._numba import njit\n"
-        "from tilecore.ops.cpu import _kernels, _segments\n"
+        "from tilecore.ops.cpu import _kernels, _segments, _vector\n"
         "from tilecore.preprocessing import _packed\n\n"
         + rule.source
         + _TEMPLATE.format(

@@ -16,7 +16,7 @@ from ...preprocessing._packed import run_bounds
 from .._backend import FlatBuffers
 from .._layout import StackLayout
 from ._ffi import register_kernel
-from ._vector import add_scaled, row_address
+from ._vector import add_scaled, copy_table, row_address
 
 _jit = njit(nogil=True, cache=True, error_model="numpy", boundscheck=False)
 
@@ -41,7 +41,7 @@ def _scatter_rows_kernel(table, rows, values, out):
     """out = table with out[rows[i]] = values[i] (rows out of range skipped); in place."""
     num_rows, dim = table.shape
     if out.ctypes.data != table.ctypes.data:
-        out[:] = table
+        copy_table(out, table)
     for i in range(rows.shape[0]):
         r = rows[i]
         if 0 <= r < num_rows:

@@ -78,6 +78,18 @@ def add_scaled(destination, source, gain, width):
 
 
 @_jit
+def copy_table(destination, source):
+    """`destination[:] = source` for 2-D arrays of one shape (the callers' contract): a plain
+    loop, which numba compiles without the broadcasting check of a slice assignment and
+    the error message it formats (seconds of compile time in every kernel that had one)."""
+    rows, width = min(destination.shape[0], source.shape[0]), min(destination.shape[1],
+                                                                    source.shape[1])
+    for r in range(rows):
+        for d in range(width):
+            destination[r, d] = source[r, d]
+
+
+@_jit
 def row_address(array, r):
     """The address of row `r` of a 2-D C-contiguous array (or element `r` of a 1-D one)."""
     return array.ctypes.data + r * array.strides[0]
