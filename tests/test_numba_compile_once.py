@@ -9,6 +9,7 @@ must find the machine code in the cache (a hit, no compile of its own).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -85,11 +86,20 @@ def test_a_process_waiting_for_a_compile_loads_it(kernels: object, tmp_path: Pat
     assert seen == {"value": 13, "hits": 1, "misses": 0}, (seen, err)
 
 
-def test_compiles_in_one_process_nest_and_need_no_cache_directory(
-        kernels: object, tmp_path: Path) -> None:
+def test_compiles_in_one_process_nest_and_need_no_lock(
+        kernels: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A kernel compiled inside another's compile (same process) does not wait for itself;
-    a lock file that cannot be made locks nothing."""
+    a lock file that cannot be made, or a file system without locks, locks nothing."""
     assert kernels.kernel(2) == 7  # type: ignore[attr-defined]  # compiles inner inside kernel
     assert Path(_lock_of(kernels.inner)).exists()  # type: ignore[attr-defined]
+    entered = []
     with compile_lock(str(tmp_path / "no such folder" / "x.lock")):
-        pass
+        entered.append("no folder")
+
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(37, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with compile_lock(str(tmp_path / "x.lock")):
+        entered.append("no locks")
+    assert entered == ["no folder", "no locks"]

@@ -51,7 +51,7 @@ def compile_lock(path: str) -> Iterator[None]:
 
     numba's lock comes first: a thread waiting for a file another thread of this process
     holds would otherwise wait while holding the lock that thread needs. A directory
-    that cannot take the file locks nothing.
+    that cannot take the file, or a file system without locks, locks nothing.
     """
     with global_compiler_lock:
         if path in _held:
@@ -63,7 +63,11 @@ def compile_lock(path: str) -> Iterator[None]:
             yield
             return
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError:  # a file system without locks (some network mounts): compile
+                yield
+                return
             _held.add(path)
             try:
                 yield
