@@ -10,6 +10,7 @@ must find the machine code in the cache (a hit, no compile of its own).
 from __future__ import annotations
 
 import fcntl
+import importlib
 import json
 import os
 import subprocess
@@ -55,9 +56,7 @@ def kernels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> object:
     import numba.core.config
 
     monkeypatch.setattr(numba.core.config, "CACHE_DIR", str(tmp_path / "cache"))
-    import kernels_under_test
-
-    yield kernels_under_test
+    yield importlib.import_module("kernels_under_test")
     sys.modules.pop("kernels_under_test", None)
 
 
