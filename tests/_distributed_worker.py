@@ -11,9 +11,14 @@ XLA_FLAGS giving this process its CPU devices. It joins the JAX distributed runt
    (`ops-<plain|minibatching>-<process>.npz`);
 2. agreement: OR over processes, key clean-up, statistics merged over processes,
    then a mismatched plan, a mismatched batch number and (last) a process that
-   exits mid-step; what each process saw goes to `agreement-<process>.json`.
+   exits mid-step; what each process saw goes to `agreement-<process>.json`;
+3. checkpoint: saves the case's tables (rows split over every process's devices, no
+   process holds a whole one) and a sharded `extra` array at step 0, the tables + 1
+   at step 1, restores step 0, then process 0 copies step 0's table files over step
+   1's (valid files of other values: only the checksums can tell) and every process
+   restores step 1; what each saw goes to `checkpoint-<process>.json`.
 
-PARTS is a comma-separated subset of `ops,minibatching,agreement`. It ends with
+PARTS is a comma-separated subset of `ops,minibatching,agreement,checkpoint`. It ends with
 `os._exit(0)`: after a peer has died, JAX's shutdown barrier would wait for it.
 """
 
@@ -171,6 +176,56 @@ def run_agreement(out: Path) -> None:
     record("timeout_after_s", time.monotonic() - start)
 
 
+def run_checkpoint(mesh: Any, out: Path) -> None:
+    """Save, restore, swap files, restore again, on every process."""
+    import shutil
+
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import multihost_utils
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    import tilecore.checkpoint as ck
+    from tilecore import ops
+
+    me = jax.process_index()
+    plan = multi_process_plan(OPS_CASE)
+    rows = NamedSharding(mesh, PartitionSpec(AXIS))
+    tables = ops.shard(plan, OPS_CASE.table_values())
+    slots = shard_slots(plan, initial_slots(plan))
+    variables = {n: ops.EmbeddingVariables(jax.device_put(tables[n], rows),
+                                           tuple(jax.device_put(s, rows) for s in slots[n]))
+                 for n in plan.stacks}
+    dense = np.arange(jax.device_count() * 3, dtype=np.float32).reshape(-1, 3)
+    extra = {"dense": jax.device_put(dense, rows)}
+    root = out / "checkpoint"
+    seen: dict[str, Any] = {"spans_processes": not variables["a"].table.is_fully_addressable}
+    ck.save(root, plan, variables, step=0, extra=extra)
+    ck.save(root, plan, {n: v._replace(table=v.table + 1) for n, v in variables.items()},
+            step=1)
+    checksums = ck.read_metadata(root, step=0)["checksums"]
+    seen["records"] = [sorted(checksums["embeddings"]["a"]["table"]),
+                       sorted(checksums["extra"]["dense"])]
+    restored = ck.restore(root, plan, step=0, mesh=mesh, axis=AXIS,
+                          extra={"dense": jax.ShapeDtypeStruct(dense.shape, jnp.float32,
+                                                               sharding=rows)})
+    seen["restored_equal"] = bool(np.array_equal(
+        multihost_utils.process_allgather(restored.variables["a"].table, tiled=True),
+        tables["a"]) and np.array_equal(
+        multihost_utils.process_allgather(restored.extra["dense"], tiled=True), dense))
+    multihost_utils.sync_global_devices("checkpoint saved")
+    if me == 0:
+        shutil.rmtree(root / "1" / "embeddings")
+        shutil.copytree(root / "0" / "embeddings", root / "1" / "embeddings")
+    multihost_utils.sync_global_devices("checkpoint damaged")
+    try:
+        ck.restore(root, plan, step=1, mesh=mesh, axis=AXIS)
+        seen["error"] = None
+    except ck.CheckpointCorruptError as error:
+        seen["error"] = str(error)
+    (out / f"checkpoint-{me}.json").write_text(json.dumps(seen))
+
+
 def main(process_id: int, num_processes: int, port: int, out: Path, parts: list[str]) -> None:
     import jax
 
@@ -185,6 +240,8 @@ def main(process_id: int, num_processes: int, port: int, out: Path, parts: list[
     if "minibatching" in parts:
         run_ops("minibatching", OPS_CASE, mesh, out, minibatching=True)
     ops_done = time.monotonic()
+    if "checkpoint" in parts:
+        run_checkpoint(mesh, out)
     if "agreement" in parts:
         run_agreement(out)
     (out / f"done-{process_id}").write_text(json.dumps(

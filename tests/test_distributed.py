@@ -2,7 +2,8 @@
 their own rows and run the ops on one global mesh; the results equal a single-process
 run on the global batch. The agreement's failure modes (different plans, different
 batch numbers, a process gone mid-step) raise clear errors on every process, never
-hang. Launches: 2 processes × 2 devices (ops, minibatching, agreement) and
+hang. A checkpoint of tables no process holds whole is checked on every process, and
+on one. Launches: 2 processes × 2 devices (ops, minibatching, agreement, checkpoint) and
 4 processes × 1 device (ops, agreement) with the default kernels (numba CPU kernels
 through XLA's FFI), and 2 × 2 (ops) on the pure-XLA path; `_distributed_worker.py` is
 one process.
@@ -43,7 +44,7 @@ class Launch(NamedTuple):
     """`$TILECORE_KERNELS` of every process."""
 
 
-LAUNCHES = {"2proc": Launch(2, 2, "ops,minibatching,agreement", "auto"),
+LAUNCHES = {"2proc": Launch(2, 2, "ops,minibatching,agreement,checkpoint", "auto"),
             "4proc": Launch(4, 1, "ops,agreement", "auto"),
             "2proc-xla": Launch(2, 2, "ops", "xla")}
 LAUNCH_TIMEOUT_S = 300
@@ -245,3 +246,32 @@ def test_process_gone_mid_step_times_out_naming_it(launch: Launched) -> None:
         assert f"processes [{processes - 1}] did not reach batch 1, round 'required' within 2 s" in (
             seen["timeout_error"])
         assert 1.9 <= seen["timeout_after_s"] < 15
+
+
+def test_checkpoint_of_tables_split_over_processes_is_checked(launch: Launched) -> None:
+    """Saved from shards on 2 processes × 2 devices: `hashsum64` records, which the
+    processes add up when saving and when reading onto shards; files of another step
+    raise CheckpointCorruptError on every process, and one process with one device
+    verifies and exports the intact step."""
+    processes, out, parts, _ = launch
+    if "checkpoint" not in parts:
+        pytest.skip("the checkpoint runs in the first 2-process launch only")
+    root = out / "checkpoint"
+    for p in range(processes):
+        seen = json.loads((out / f"checkpoint-{p}.json").read_text())
+        assert seen["spans_processes"], f"process {p} held a whole table"
+        assert seen["records"] == [["dtype", "hashsum64", "shape"]] * 2
+        assert seen["restored_equal"], f"process {p} restored other values"
+        assert seen["error"] is not None, f"process {p} restored swapped files"
+        for part in (f"step 1 is damaged: stack 'a' (tables ['a']) table in "
+                     f"{str(root / '1' / 'embeddings')!r}", "it reads as hashsum64 0x",
+                     "but save recorded hashsum64 0x"):
+            assert part in seen["error"], (p, part, seen["error"])
+    from tilecore import checkpoint
+
+    assert checkpoint.verify(root, step=0) == 0
+    tables = checkpoint.export_tables(root, step=0)
+    for name, want in OPS_CASE.table_values().items():
+        np.testing.assert_array_equal(tables[name], want, err_msg=name)
+    with pytest.raises(checkpoint.CheckpointCorruptError, match="hashsum64"):
+        checkpoint.verify(root, step=1)

@@ -2,7 +2,8 @@
 clear `CheckpointCorruptError` naming the step's directory and the array (or the
 metadata file), or in the documented behaviour: resuming skips a damaged newest
 checkpoint with a warning; Orbax's unfinished temporary directories are ignored;
-checkpoints written before checksums still restore.
+checkpoints written before checksums still restore. Arrays spread over processes
+carry a checksum that any sharding of them gives (`hashsum64`).
 
 Checkpoints here are tiny (two stacks, one with an optimizer slot) so the file stays
 fast; the training cases share one short run, copied before each is damaged.
@@ -18,6 +19,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -26,6 +28,8 @@ import pytest
 import tilecore as tc
 import tilecore.checkpoint as ck
 from tilecore import data
+from tilecore.checkpoint import _checksums
+from tilecore.checkpoint._hashsum import block_sum, local_sum
 from tilecore_apps import dlrm as training
 from tilecore_apps.cli import main
 
@@ -251,6 +255,60 @@ def test_checkpoint_without_checksums_still_restores(tmp_path: Path,
     extra = ck.restore(tmp_path, plan_for()).extra
     np.testing.assert_array_equal(extra["params"]["w"], np.full((2, 3), 7.0))
     assert ck.verify(tmp_path) == 7 and "checksums" not in ck.read_metadata(tmp_path)
+
+
+# --------------------------------------------------------------------------- arrays spread over processes
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8", "bool", "complex128", ">f8"])
+def test_hashsum64_is_the_same_from_any_shards(dtype: str) -> None:
+    """The sum over any tiling (rows, columns, both; as processes would hold them)
+    is the whole array's; one flipped bit anywhere, or two swapped rows, change it."""
+    numpy_dtype = jnp.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    whole = (np.random.default_rng(3).standard_normal((37, 6)) * 50).astype(numpy_dtype)
+    want = local_sum(whole)
+    assert want == block_sum(whole, (0, 0), whole.shape) < 2**64
+    if dtype in ("float32", "bfloat16", "int8", "bool"):
+        assert local_sum(jnp.asarray(whole)) == want  # a jax array's shards
+    for row_parts, col_parts in ((4, 1), (37, 1), (1, 6), (3, 2), (5, 4)):
+        total = 0
+        for rows in np.array_split(np.arange(37), row_parts):
+            for cols in np.array_split(np.arange(6), col_parts):
+                tile = whole[rows[0]:rows[-1] + 1, cols[0]:cols[-1] + 1]
+                total += block_sum(tile, (int(rows[0]), int(cols[0])), whole.shape)
+        assert total % 2**64 == want, (row_parts, col_parts)
+    size = whole.nbytes
+    for offset in (0, size // 3, size - 1):
+        flipped = whole.copy()
+        flipped.reshape(-1).view(np.uint8)[offset] ^= 0x01
+        assert local_sum(flipped) != want, offset
+    swapped = whole.copy()
+    swapped[[2, 9]] = swapped[[9, 2]]
+    if not np.array_equal(swapped, whole):
+        assert local_sum(swapped) != want
+
+
+def test_arrays_spread_over_processes_are_checked(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Arrays no process can gather get `hashsum64` records (here every jax array, as
+    in a multi-process job): a one-device read checks them, and files of another step
+    are refused by every reader, naming the array and both sums."""
+    monkeypatch.setattr(_checksums, "_spans_processes", lambda v: isinstance(v, jax.Array))
+    save(tmp_path, 1)
+    step_dir = save(tmp_path, 2)
+    checksums = ck.read_metadata(tmp_path)["checksums"]
+    assert checksums["algorithm"] == "crc32"  # the format of gatherable arrays' records
+    assert "hashsum64" in checksums["embeddings"]["a"]["table"]
+    assert "hashsum64" in checksums["extra"]["params/w"]
+    assert "crc32" in checksums["extra"]["step"]  # a Python int: on every host
+    assert_restores_exactly(tmp_path, 2)
+    monkeypatch.undo()  # read on the host, whole
+    assert_restores_exactly(tmp_path, 2)
+    assert ck.verify(tmp_path) == 2
+    shutil.rmtree(step_dir / "embeddings")
+    shutil.copytree(tmp_path / "1" / "embeddings", step_dir / "embeddings")
+    every_reader_refuses(tmp_path, 2, "stack 'a' (tables ['a'])", "it reads as hashsum64 0x",
+                         "but save recorded hashsum64 0x")
 
 
 # --------------------------------------------------------------------------- resuming a run

@@ -2,17 +2,28 @@
 
 Orbax stores arrays through TensorStore, which keeps no checksum of the values: a
 flipped byte in an uncompressed chunk reads back as another number, with no error.
-So `save` records a CRC-32 of every array's bytes (with its dtype and shape) in the
+So `save` records a checksum of every array's bytes (with its dtype and shape) in the
 checkpoint's JSON metadata, under `"checksums"`, and every read recomputes it.
 
 The metadata itself is sealed the same way (`SEAL`: a CRC-32 of the rest of the
 record), so an edited or bit-flipped value there is caught too, even in fields a
 restore does not use.
 
-Checksums cover the whole logical array gathered to the host, never a shard, so
-they hold whatever topology (device count, mesh) writes or reads the checkpoint.
-Arrays this process cannot gather (multi-process jobs) get no checksum (null) and
-are read unchecked, as are checkpoints written before checksums existed.
+Checksums cover the whole logical array, never one shard, so they hold whatever
+topology (device count, mesh, process count) writes or reads the checkpoint. A
+record names its algorithm by its key:
+
+- `"crc32"`: the CRC-32 of the array gathered to the host (C order, little-endian);
+  every array this process can gather whole (single-process jobs).
+- `"hashsum64"` (`_hashsum`): a sum over elements of a hash of each element's index
+  and bytes, which each process takes over the shards it holds and the processes
+  add (a collective): the arrays of a multi-process job no process can gather (a
+  row-sharded table). A read of such an array onto shards combines the processes'
+  sums the same way before comparing, so every process raises the same error.
+  (A `"crc32"` record cannot be taken from shards: an `extra` leaf saved by one
+  process and restored onto devices of several is checked for its shape only.)
+
+Checkpoints written before checksums existed are read unchecked (shapes only).
 """
 
 from __future__ import annotations
@@ -25,10 +36,24 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
+from ._hashsum import hashsum64, local_sum, process_sums
+
 ALGORITHM = "crc32"
+"""The `"algorithm"` of the `"checksums"` entry: records are `CRC32` ones unless
+they say otherwise (`HASHSUM64`)."""
+CRC32, HASHSUM64 = "crc32", "hashsum64"
 SEAL = "metadata_crc32"
 Checksum = dict[str, Any]
-"""`{"crc32": int, "dtype": str, "shape": [int, ...]}` of one array."""
+"""`{"crc32" or "hashsum64": int, "dtype": str, "shape": [int, ...]}` of one array."""
+
+
+class _Part(int):
+    """This process's part of a `"hashsum64"` record, until `saved_checksums` adds
+    the processes' parts."""
+
+
+def _spans_processes(value: Any) -> bool:
+    return isinstance(value, jax.Array) and not value.is_fully_addressable
 
 
 class Expected(NamedTuple):
@@ -65,11 +90,13 @@ def leaf_key(path: Sequence[Any]) -> str:
 def checksum(value: Any) -> Checksum | None:
     """CRC-32 of `value`'s bytes (little-endian, C order), with dtype and shape.
 
-    None when there is nothing to compare: a jax array this process cannot gather
-    whole, or a leaf that is not numeric data.
+    A jax array this process cannot gather whole gets this process's part of its
+    `"hashsum64"` instead (`saved_checksums` adds the processes' parts). None when
+    there is nothing to compare: a leaf that is not numeric data.
     """
-    if isinstance(value, jax.Array) and not value.is_fully_addressable:
-        return None
+    if _spans_processes(value):
+        return {HASHSUM64: _Part(local_sum(value)), "dtype": str(value.dtype),
+                "shape": list(value.shape)}
     try:
         array = np.asarray(value)
     except Exception:  # an opaque leaf (a custom object): nothing to checksum
@@ -104,8 +131,40 @@ def extra_checksums(extra: Any) -> dict[str, Checksum | None]:
     return out
 
 
+def _algorithm(record: Mapping[str, Any]) -> str:
+    return HASHSUM64 if HASHSUM64 in record else CRC32
+
+
+def _value(record: Checksum) -> str:
+    algorithm = _algorithm(record)
+    return f"{algorithm} {record[algorithm]:#0{10 if algorithm == CRC32 else 18}x}"
+
+
 def _describe(record: Checksum) -> str:
-    return f"crc32 {record['crc32']:#010x}, {record['dtype']} {tuple(record['shape'])}"
+    return f"{_value(record)}, {record['dtype']} {tuple(record['shape'])}"
+
+
+def _measure(value: Any, want: Checksum) -> Checksum | None:
+    """`value`'s checksum by `want`'s algorithm (None: not numeric, or a CRC-32 of an
+    array spread over processes). A `"hashsum64"` of such an array is a collective:
+    every process measures it, or none."""
+    if _spans_processes(value):
+        if _algorithm(want) == CRC32:
+            return None
+        kind: dict[str, Any] = {"dtype": str(value.dtype), "shape": list(value.shape)}
+    else:
+        try:
+            array = np.asarray(value)
+        except Exception:  # an opaque leaf (a custom object): nothing to checksum
+            return None
+        if array.dtype.hasobject:
+            return None
+        if _algorithm(want) == CRC32:
+            return checksum(array)
+        kind, value = {"dtype": str(array.dtype), "shape": list(array.shape)}, array
+    if (kind["dtype"], kind["shape"]) != (want["dtype"], list(want["shape"])):
+        return kind  # not the saved array: compared no further
+    return {HASHSUM64: hashsum64(value), **kind}
 
 
 def problem(expected: Expected, value: Any) -> str | None:
@@ -113,19 +172,20 @@ def problem(expected: Expected, value: Any) -> str | None:
     if expected.shape is not None and tuple(np.shape(value)) != expected.shape:
         return (f"it has shape {tuple(np.shape(value))} but the saved layout says "
                 f"{expected.shape}")
-    if expected.checksum is None:
+    want = expected.checksum
+    if want is None:
         return None
-    got = checksum(value)
+    got = _measure(value, want)
     if got is None:
         return None
-    want = expected.checksum
     if (got["dtype"], got["shape"]) != (want["dtype"], list(want["shape"])):
         if not expected.strict:
             return None  # read as another dtype/shape on request: not comparable
-        return f"it reads as {_describe(got)}, but was saved as {_describe(want)}"
-    if got["crc32"] != want["crc32"]:
-        return (f"its bytes changed after saving: it reads as crc32 {got['crc32']:#010x}, "
-                f"but save recorded {want['crc32']:#010x}")
+        return (f"it reads as {got['dtype']} {tuple(got['shape'])}, but was saved as "
+                f"{_describe(want)}")
+    if got[_algorithm(want)] != want[_algorithm(want)]:
+        return (f"its bytes changed after saving: it reads as {_value(got)}, but save "
+                f"recorded {_value(want)}")
     return None
 
 
@@ -133,16 +193,32 @@ def check_record(record: Any) -> Checksum | None:
     """`record` as a checksum (None stays None); raises ValueError if malformed."""
     if record is None:
         return None
-    if (not isinstance(record, Mapping) or not isinstance(record.get("crc32"), int)
+    if (not isinstance(record, Mapping)
+            or not isinstance(record.get(_algorithm(record)), int)
             or not isinstance(record.get("dtype"), str)
             or not isinstance(record.get("shape"), list)):
         raise ValueError(f"checksum record {record!r} is malformed")
     return dict(record)
 
 
+def _records(tree: Any) -> list[Checksum]:
+    """Every checksum record in `tree` (nested dicts), in order."""
+    if not isinstance(tree, dict):
+        return []
+    if isinstance(tree.get("dtype"), str):
+        return [tree]
+    return [r for value in tree.values() for r in _records(value)]
+
+
 def saved_checksums(embeddings: dict[str, Any], extra: dict[str, Checksum | None] | None
                     ) -> dict[str, Any]:
-    """The metadata's `"checksums"` entry."""
+    """The metadata's `"checksums"` entry, each process's parts of `"hashsum64"`
+    records added over processes (a collective when there are any: every process
+    saves the same arrays)."""
+    parts = [r for r in _records({"e": embeddings, "x": extra})
+             if isinstance(r.get(HASHSUM64), _Part)]
+    for record, total in zip(parts, process_sums([r[HASHSUM64] for r in parts]), strict=True):
+        record[HASHSUM64] = total
     return {"algorithm": ALGORITHM, "embeddings": embeddings, "extra": extra}
 
 

@@ -25,9 +25,10 @@ def read_metadata(directory: PathLike, *, step: int | None = None) -> dict[str, 
     Keys: `step`, `topology`, `config`, `tables` (sizes, combiner, limits,
     `optimizer` with type, slots and hyperparameters), `features`, `stacks`,
     `table_settings`, `feature_settings`, `not_serialized` (callables such
-    as learning-rate schedules, stored by name only), `checksums` (CRC-32, dtype
-    and shape of every array, per stack table and slot, and of every `extra`
-    leaf; absent in checkpoints written before them) and `metadata_crc32` (the
+    as learning-rate schedules, stored by name only), `checksums` (CRC-32, or
+    `hashsum64` for arrays spread over processes, with dtype and shape of every
+    array, per stack table and slot, and of every `extra` leaf; absent in
+    checkpoints written before them) and `metadata_crc32` (the
     record's own seal).
 
     Raises:

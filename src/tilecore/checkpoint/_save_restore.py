@@ -66,8 +66,8 @@ def _embeddings_tree(order: tuple[str, ...], variables: Mapping[str, EmbeddingVa
 
 def _checksums(plan: StackingPlan, variables: Mapping[str, EmbeddingVariables], extra: Any
                ) -> dict[str, Any]:
-    """The metadata's record of every array's checksum, taken on the host-gathered
-    arrays (one at a time), so it holds for any topology that reads them."""
+    """The metadata's record of every array's checksum, taken on the whole arrays
+    (one at a time), so it holds for any topology that reads them."""
     order = tuple(plan.stacks)
     slots = {s: plan.stacks[s].optimizer.slot_names for s in order}
     return saved_checksums(embedding_checksums(order, slots, variables),
@@ -99,8 +99,10 @@ def save(
       The step's directory. The save is synchronous and atomic: Orbax writes into a
       temporary directory and renames it once complete, so an interrupted save
       leaves earlier steps intact and is never mistaken for a checkpoint. The
-      metadata records a CRC-32 of every array (and `extra` leaf), compared when
-      the checkpoint is read.
+      metadata records a checksum of every array (and `extra` leaf), compared when
+      the checkpoint is read: a CRC-32, or for an array spread over the processes
+      of a multi-process job a `hashsum64` that the processes add up from their
+      shards (`_checksums`); every process must call `save`.
     """
     if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
         raise ValueError(f"save: step must be an integer >= 0, got step={step!r}.")
