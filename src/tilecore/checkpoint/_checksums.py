@@ -87,6 +87,16 @@ def leaf_key(path: Sequence[Any]) -> str:
     return "/".join(_entry(e) for e in path)
 
 
+def _numeric(value: Any) -> np.ndarray | None:
+    """`value` as a numpy array, or None for a leaf that is not numeric data (an opaque
+    object, or an object array): nothing to checksum."""
+    try:
+        array = np.asarray(value)
+    except Exception:
+        return None
+    return None if array.dtype.hasobject else array
+
+
 def checksum(value: Any) -> Checksum | None:
     """CRC-32 of `value`'s bytes (little-endian, C order), with dtype and shape.
 
@@ -97,11 +107,8 @@ def checksum(value: Any) -> Checksum | None:
     if _spans_processes(value):
         return {HASHSUM64: _Part(local_sum(value)), "dtype": str(value.dtype),
                 "shape": list(value.shape)}
-    try:
-        array = np.asarray(value)
-    except Exception:  # an opaque leaf (a custom object): nothing to checksum
-        return None
-    if array.dtype.hasobject:
+    array = _numeric(value)
+    if array is None:
         return None
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
@@ -153,11 +160,8 @@ def _measure(value: Any, want: Checksum) -> Checksum | None:
             return None
         kind: dict[str, Any] = {"dtype": str(value.dtype), "shape": list(value.shape)}
     else:
-        try:
-            array = np.asarray(value)
-        except Exception:  # an opaque leaf (a custom object): nothing to checksum
-            return None
-        if array.dtype.hasobject:
+        array = _numeric(value)
+        if array is None:
             return None
         if _algorithm(want) == CRC32:
             return checksum(array)
