@@ -148,36 +148,41 @@ def fail_together(*, poll_s: float = 1.0, silent_s: float = 30.0) -> None:
     with _lock:
         if _installed.is_set():
             return
-        previous = sys.excepthook
-
-        def hook(kind: type[BaseException], error: BaseException,
-                 tb: TracebackType | None) -> None:
-            text = "".join(traceback.format_exception_only(kind, error)).strip()
-            previous(kind, error, tb)
-            if _LOST_PEER.search(text):  # a collective lost a peer: let the watchdog name it
-                sys.stderr.write(
-                    f"\ntilecore: process {me} lost a peer in a collective; waiting up to "
-                    f"{silent_s + 3 * poll_s:g} s to learn which process failed.\n")
-                time.sleep(silent_s + 3 * poll_s)  # the watchdog exits (71) once it knows
-            with contextlib.suppress(Exception):  # the runtime may be gone too; still exit
-                store.key_value_set(f"{GONE_KEY}{me}", f"failed with {text[:2000]!r}",
-                                    allow_overwrite=True)
-            if me == 0:  # process 0 hosts the key-value store: let the peers read the error
-                time.sleep(3 * poll_s)
-            _exit(1)
-
-        def done() -> None:  # runs before JAX's shutdown (registered after it): a normal exit
-            with _publishing:
-                _stopping.set()
-                with contextlib.suppress(Exception):
-                    store.key_value_set(f"{ALIVE_KEY}{me}", DONE, allow_overwrite=True)
-
-        sys.excepthook = hook
-        atexit.register(done)
+        sys.excepthook = _excepthook(store, me, poll_s, silent_s, sys.excepthook)
+        # Registered after JAX's shutdown, so it runs before it: a normal exit.
+        atexit.register(_publish_done, store, me)
         watchdog = threading.Thread(target=_watch, args=(store, me, poll_s, silent_s),
                                     name="tilecore-fail-together", daemon=True)
         watchdog.start()
         _installed.set()
+
+
+def _excepthook(store: KeyValueStore, me: int, poll_s: float, silent_s: float,
+                previous: Any) -> Any:
+    """`fail_together`'s `sys.excepthook`: print (through `previous`), publish, exit 1."""
+
+    def hook(kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> None:
+        text = "".join(traceback.format_exception_only(kind, error)).strip()
+        previous(kind, error, tb)
+        if _LOST_PEER.search(text):  # a collective lost a peer: let the watchdog name it
+            sys.stderr.write(
+                f"\ntilecore: process {me} lost a peer in a collective; waiting up to "
+                f"{silent_s + 3 * poll_s:g} s to learn which process failed.\n")
+            time.sleep(silent_s + 3 * poll_s)  # the watchdog exits (71) once it knows
+        with contextlib.suppress(Exception):  # the runtime may be gone too; still exit
+            store.key_value_set(f"{GONE_KEY}{me}", f"failed with {text[:2000]!r}",
+                                allow_overwrite=True)
+        _leave(1, me, poll_s)
+
+    return hook
+
+
+def _publish_done(store: KeyValueStore, me: int) -> None:
+    """At a normal exit: beat no more, and say `done` (a beat in flight never overwrites it)."""
+    with _publishing:
+        _stopping.set()
+        with contextlib.suppress(Exception):
+            store.key_value_set(f"{ALIVE_KEY}{me}", DONE, allow_overwrite=True)
 
 
 class Silence:
@@ -239,10 +244,16 @@ def _watch(store: KeyValueStore, me: int, poll_s: float, silent_s: float) -> Non
             sys.stderr.write(
                 f"\ntilecore: process {peer} of this job {why}; process {me} exits too "
                 f"(status {EXIT_CODE}) instead of waiting for it.\n")
-            if me == 0:  # process 0 hosts the key-value store: let the other peers read it
-                time.sleep(3 * poll_s)
-            _exit(EXIT_CODE)
+            _leave(EXIT_CODE, me, poll_s)
         time.sleep(poll_s)
+
+
+def _leave(status: int, me: int, poll_s: float) -> NoReturn:
+    """Exit with `status`; process 0 hosts the key-value store, so it first waits three
+    polls for its peers to read why."""
+    if me == 0:
+        time.sleep(3 * poll_s)
+    _exit(status)
 
 
 def _exit(status: int) -> NoReturn:
