@@ -35,9 +35,7 @@ def string_key(value: str) -> int:
 
 def string_ids(values: Iterable[str], count: int, vocab_size: int) -> np.ndarray:
     """The rows (int64) of the `count` string `values` in a table of `vocab_size` rows."""
-    hexadecimal = _HEX
-    return np.fromiter(((int(v, 16) if hexadecimal(v) else _digest_key(v)) % vocab_size
-                        for v in values), np.int64, count)
+    return np.fromiter((string_key(v) % vocab_size for v in values), np.int64, count)
 
 
 def hex_ids(values: Iterable[str], count: int, vocab_size: int) -> np.ndarray:
