@@ -69,6 +69,21 @@ def multi_process_plan(case: Case, minibatching: bool = False) -> tc.StackingPla
     return plan
 
 
+def row_sharded_variables(plan: tc.StackingPlan, case: Case, rows: Any
+                          ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The case's tables in the plan's shard layout (host arrays), and its variables (tables
+    and initial slots) placed row-sharded by `rows` over the global mesh."""
+    import jax
+
+    from tilecore import ops
+
+    tables = ops.shard(plan, case.table_values())
+    slots = shard_slots(plan, initial_slots(plan))
+    return tables, {n: ops.EmbeddingVariables(jax.device_put(tables[n], rows),
+                                              tuple(jax.device_put(s, rows) for s in slots[n]))
+                    for n in plan.stacks}
+
+
 def run_ops(name: str, case: Case, mesh: Any, out: Path, minibatching: bool = False) -> None:
     import jax
     from jax.experimental import multihost_utils
@@ -80,11 +95,7 @@ def run_ops(name: str, case: Case, mesh: Any, out: Path, minibatching: bool = Fa
     plan = multi_process_plan(case, minibatching)
     agreement = distributed.DistributedAgreement(plan, timeout_s=60, name=f"ops-{name}")
     rows = NamedSharding(mesh, PartitionSpec(AXIS))
-    tables = ops.shard(plan, case.table_values())
-    slots = shard_slots(plan, initial_slots(plan))
-    variables = {n: ops.EmbeddingVariables(jax.device_put(tables[n], rows),
-                                           tuple(jax.device_put(s, rows) for s in slots[n]))
-                 for n in plan.stacks}
+    _, variables = row_sharded_variables(plan, case, rows)
     forward = jax.jit(lambda b, v: ops.lookup(plan, b, v, mesh=mesh, axis=AXIS))
     backward = jax.jit(lambda b, v, g, t: ops.lookup_grad(plan, b, v, g, t, mesh=mesh, axis=AXIS),
                        donate_argnums=1)
@@ -186,16 +197,11 @@ def run_checkpoint(mesh: Any, out: Path) -> None:
     from jax.sharding import NamedSharding, PartitionSpec
 
     import tilecore.checkpoint as ck
-    from tilecore import ops
 
     me = jax.process_index()
     plan = multi_process_plan(OPS_CASE)
     rows = NamedSharding(mesh, PartitionSpec(AXIS))
-    tables = ops.shard(plan, OPS_CASE.table_values())
-    slots = shard_slots(plan, initial_slots(plan))
-    variables = {n: ops.EmbeddingVariables(jax.device_put(tables[n], rows),
-                                           tuple(jax.device_put(s, rows) for s in slots[n]))
-                 for n in plan.stacks}
+    tables, variables = row_sharded_variables(plan, OPS_CASE, rows)
     dense = np.arange(jax.device_count() * 3, dtype=np.float32).reshape(-1, 3)
     extra = {"dense": jax.device_put(dense, rows)}
     root = out / "checkpoint"
