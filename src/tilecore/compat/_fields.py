@@ -28,10 +28,12 @@ RENAMED: Mapping[type, Mapping[str, str]] = {
 """Native spec → {native field: compat field} where the names differ."""
 
 NATIVE_ONLY: Mapping[type, frozenset[str]] = {
-    native.TableSpec: frozenset(),
+    # Half-precision storage has no equivalent in the reference: compat tables are
+    # float32 (the native default).
+    native.TableSpec: frozenset({"weights_dtype"}),
     native.FeatureSpec: frozenset(),
     # Which tables and features a stack holds: compat records it on each member spec.
-    StackSpec: frozenset({"table_names", "feature_names"}),
+    StackSpec: frozenset({"table_names", "feature_names", "weights_dtype"}),
     native.QuantizationConfig: frozenset(),
 }
 """Native fields that compat shells do not hold (derived from other specs instead)."""

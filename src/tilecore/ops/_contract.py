@@ -93,6 +93,17 @@ def check_table(table: jax.Array, layout: StackLayout, what: str = "table") -> N
             "with tilecore.ops.init_tables(plan, key) (or shard) for this plan and mesh.")
 
 
+def check_table_dtype(table: jax.Array, layout: StackLayout) -> None:
+    """A stack's table is stored in the stack's `weights_dtype`."""
+    if np.dtype(table.dtype) != layout.weights_dtype:
+        name = layout.weights_dtype.name
+        raise ValueError(
+            f"Stack {layout.name!r}: the table is {np.dtype(table.dtype).name} but its tables "
+            f"are stored as {name} (TableSpec weights_dtype). Create the variables with "
+            f"tilecore.ops.init_tables(plan, key), or cast the table: "
+            f"table.astype(jnp.{name}).")
+
+
 def check_variables(variables: Any, layout: StackLayout,
                     optimizer: OptimizerSpec | None = None) -> None:
     """A stack's table and slots fit the layout (and, given it, the optimizer's slots)."""
@@ -103,6 +114,7 @@ def check_variables(variables: Any, layout: StackLayout,
             f"({', '.join(optimizer.slot_names) or 'none'}); create them with "
             "tilecore.ops.init_tables(plan, key) for this plan.")
     check_table(variables.table, layout)
+    check_table_dtype(variables.table, layout)
     for k, slot in enumerate(variables.slots):
         check_table(slot, layout, f"slot {k}")
 

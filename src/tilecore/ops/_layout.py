@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from ..preprocessing import coo_buffer_size_per_device, row_pointers_size_per_device
 from ..specs import QuantizationConfig
+from ..specs._weights_dtype import FLOAT32, is_half
 from ..stacking import StackingPlan, round_up
 
 
@@ -30,6 +33,7 @@ class StackLayout:
         packed back to back (see `_minibatching`).
       partition_span: `roundup8(max_ids_per_partition)`, the most entries (with
         alignment) one partition holds in one pass or one minibatch.
+      weights_dtype: the table's storage format (float32, bfloat16 or float16).
     """
 
     name: str
@@ -44,6 +48,12 @@ class StackLayout:
     quantization: QuantizationConfig | None = None
     minibatched: bool = False
     partition_span: int = 8
+    weights_dtype: np.dtype = FLOAT32
+
+    @property
+    def half(self) -> bool:
+        """The table is stored in a 16-bit format (rows written with stochastic rounding)."""
+        return is_half(self.weights_dtype)
 
     @property
     def num_partitions(self) -> int:
@@ -71,5 +81,6 @@ def stack_layouts(plan: StackingPlan) -> dict[str, StackLayout]:
             dim=stack.embedding_dim, quantization=stack.quantization,
             minibatched=minibatched,
             partition_span=round_up(stack.max_ids_per_partition, 8),
+            weights_dtype=stack.weights_dtype,
         )
     return layouts

@@ -8,6 +8,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
 from ..preprocessing import PreprocessedBatch, StackBuffers
@@ -32,13 +33,25 @@ class UpdateOptions:
         or slot holds NaN or Inf (a debugging aid).
       serialize_stacks: update the stacks one after another, so that only one
         stack's temporaries are alive at a time (lower peak memory, less overlap).
+      rounding_seed: seed of the stochastic rounding that writes updated rows into
+        bfloat16/float16 tables (`TableSpec.weights_dtype`), an integer in [0, 2**64).
+        The random bits are a hash of (seed, stack, step, row, column): the same seed
+        and steps give bit-identical tables, each device's rows get their own bits,
+        and no random state is carried. Unused by float32 tables.
     """
 
     clip: Mapping[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
     check_finite: bool = False
     serialize_stacks: bool = False
+    rounding_seed: int = 0
 
     def __post_init__(self) -> None:
+        seed = self.rounding_seed
+        if (isinstance(seed, bool) or not isinstance(seed, int | np.integer)
+                or not 0 <= int(seed) < 2**64):
+            raise ValueError(f"UpdateOptions: rounding_seed must be an integer in [0, 2**64), "
+                             f"got rounding_seed={seed!r}.")
+        object.__setattr__(self, "rounding_seed", int(seed))
         for name, bounds in self.clip.items():
             if len(bounds) != 2 or not bounds[0] <= bounds[1]:
                 raise ValueError(f"UpdateOptions: clip[{name!r}] must be (min, max) with "
@@ -95,6 +108,7 @@ def lookup_grad(
                 new = lookup_grad_stack(
                     stack_buffers, block, stack_variables, layout, plan.stacks[name].optimizer,
                     step, None if mesh is None else axis, clip.get(name), num_minibatches,
+                    options.rounding_seed,
                 )
                 if check_finite:
                     for array in (new.table, *new.slots):

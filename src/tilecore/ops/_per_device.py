@@ -16,10 +16,11 @@ import jax.numpy as jnp
 
 from ..preprocessing import StackBuffers
 from ..specs import OptimizerSpec
-from ._backend import FlatBuffers, Wing, lookup_wing, wing
-from ._contract import check_buffers, check_grads, check_table, check_variables
+from ._backend import FlatBuffers, Wing, lookup_wing, update_wing
+from ._contract import check_buffers, check_grads, check_table, check_table_dtype, check_variables
 from ._layout import StackLayout
 from ._minibatching import MAX_MINIBATCHES, minibatch_windows
+from ._rounding import Rounding, rounding_key
 from ._routing import Entries, exchange, slot_entries, windows_by_device
 from ._variables import EmbeddingVariables
 
@@ -92,6 +93,7 @@ def lookup_stack(buffers: StackBuffers, table: jax.Array, layout: StackLayout,
     flat = flat_buffers(buffers)
     check_buffers(flat, layout)
     check_table(table, layout)
+    check_table_dtype(table, layout)
     count = minibatch_count(layout, num_minibatches)
     if layout.num_devices == 1:
         return kernels.lookup_local(flat, table, layout, count)
@@ -103,7 +105,8 @@ def lookup_stack(buffers: StackBuffers, table: jax.Array, layout: StackLayout,
         entries = received_minibatch(flat, layout, axis, minibatch, count)
         return total + pool_entries(entries, table, layout, axis, kernels)
 
-    zeros = jnp.zeros((layout.sc_per_device * layout.samples_per_sc, table.shape[1]), table.dtype)
+    zeros = jnp.zeros((layout.sc_per_device * layout.samples_per_sc, table.shape[1]),
+                      jnp.float32)
     return jax.lax.fori_loop(0, count, body, zeros)
 
 
@@ -127,41 +130,49 @@ def pool_entries(entries: Entries, table: jax.Array, layout: StackLayout, axis: 
 def lookup_grad_stack(buffers: StackBuffers, grads: jax.Array, variables: EmbeddingVariables,
                       layout: StackLayout, optimizer: OptimizerSpec, step: Any,
                       axis: str | None = None, clip: tuple[float, float] | None = None,
-                      num_minibatches: jax.Array | int = 1) -> EmbeddingVariables:
+                      num_minibatches: jax.Array | int = 1, rounding_seed: int = 0
+                      ) -> EmbeddingVariables:
     """Update one device's shard of a stack from its stacked activation gradients.
 
     Minibatched buffers are applied one minibatch at a time on a mesh (the optimizer
     runs once per minibatch, on that minibatch's rows, as on the reference system).
+    A half-precision table's rows are written with stochastic rounding, its bits
+    drawn from `rounding_seed`, the stack, the step and each value's global row and
+    column (`_rounding`).
     """
-    kernels = wing()
+    kernels = update_wing(layout)
     flat = flat_buffers(buffers)
     check_buffers(flat, layout)
     check_variables(variables, layout, optimizer)
     check_grads(grads, layout)
     count = minibatch_count(layout, num_minibatches)
     variables = EmbeddingVariables(variables.table, tuple(variables.slots))
+    rounding = None
+    if layout.half:
+        first = 0 if layout.num_devices == 1 else jax.lax.axis_index(axis) * layout.rows_per_device
+        rounding = Rounding(rounding_key(rounding_seed, layout.name, step), first)
     if layout.num_devices == 1:
         return kernels.update_local(flat, grads.reshape(-1, layout.dim), variables, layout,
-                                    optimizer, step, clip, count)
+                                    optimizer, step, clip, count, rounding)
     assert axis is not None
     grads = jax.lax.all_gather(grads, axis).reshape(-1, layout.dim)  # every source device's
     if not layout.minibatched:
         entries = received_entries(flat, layout, axis)
         return update_rows(entries, sources(entries), grads, variables, layout, optimizer,
-                           step, axis, clip, kernels)
+                           step, axis, clip, kernels, rounding)
 
     def body(minibatch: jax.Array, variables: EmbeddingVariables) -> EmbeddingVariables:
         entries = received_minibatch(flat, layout, axis, minibatch, count)
         return update_rows(entries, sources(entries), grads, variables, layout, optimizer,
-                           step, axis, clip, kernels)
+                           step, axis, clip, kernels, rounding)
 
     return jax.lax.fori_loop(0, count, body, variables)
 
 
 def update_rows(entries: Entries, source: jax.Array, grads: jax.Array,
                 variables: EmbeddingVariables, layout: StackLayout, optimizer: OptimizerSpec,
-                step: Any, axis: str | None, clip: tuple[float, float] | None, kernels: Wing
-                ) -> EmbeddingVariables:
+                step: Any, axis: str | None, clip: tuple[float, float] | None, kernels: Wing,
+                rounding: Rounding | None = None) -> EmbeddingVariables:
     """Sum the entries' gradients per row of this device's shard (each entry's source
     SparseCore given, broadcastable) and apply the optimizer to those rows."""
     samples = sample_segments(entries, source, layout, 0).reshape(-1)
@@ -169,4 +180,4 @@ def update_rows(entries: Entries, source: jax.Array, grads: jax.Array,
     unique, sums, count = kernels.row_gradients(
         rows, entries.valid.reshape(-1), samples, entries.gains.reshape(-1), grads,
         layout.rows_per_device)
-    return kernels.apply_update(variables, unique, sums, optimizer, step, clip, count)
+    return kernels.apply_update(variables, unique, sums, optimizer, step, clip, count, rounding)

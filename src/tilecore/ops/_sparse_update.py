@@ -1,5 +1,9 @@
 """The one fused sparse-update path: gather touched rows, apply a rule, scatter back
-(with the XLA wing's gather and scatter, or a wing's own)."""
+(with the XLA wing's gather and scatter, or a wing's own).
+
+The rule always runs in float32: rows of a half-precision table are upcast when
+gathered and written back with stochastic rounding (`_rounding`); slots are float32.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,8 @@ import jax.numpy as jnp
 
 from ..optimizers import update_rule
 from ..specs import OptimizerSpec
+from ..specs._weights_dtype import is_half
+from ._rounding import Rounding, rounding_bits, stochastic_round
 from ._variables import EmbeddingVariables
 
 
@@ -34,6 +40,7 @@ def apply_sparse_update(
     step: Any,
     *,
     clip: tuple[float, float] | None = None,
+    rounding: Rounding | None = None,
 ) -> EmbeddingVariables:
     """Apply `spec`'s update rule to the listed rows of a table and its slots.
 
@@ -49,17 +56,21 @@ def apply_sparse_update(
       step: the 0-based global step, a Python int or a JAX integer scalar. Pass it
         as a traced argument under `jit` so that one compilation serves every step.
       clip: optional `(min, max)` applied to the updated table rows (never to slots).
+      rounding: where a half-precision table's rows take their stochastic-rounding
+        bits (required for a bfloat16/float16 table, unused for float32).
 
     Returns:
       New variables. Under `jax.jit(..., donate_argnums=...)` with `variables`
       donated, XLA updates the table and slots in place.
     """
-    return updated(variables, rows, grads, spec, step, clip, _xla_gather, _xla_scatter)
+    return updated(variables, rows, grads, spec, step, clip, _xla_gather, _xla_scatter,
+                   rounding)
 
 
 def updated(variables: EmbeddingVariables, rows: jax.Array, grads: jax.Array,
             spec: OptimizerSpec, step: Any, clip: tuple[float, float] | None,
-            gather: Gather, scatter: Scatter) -> EmbeddingVariables:
+            gather: Gather, scatter: Scatter, rounding: Rounding | None = None
+            ) -> EmbeddingVariables:
     """`apply_sparse_update` with a wing's row gather and scatter (which must drop the
     wing's padding rows)."""
     table, slots = variables.table, tuple(variables.slots)
@@ -74,10 +85,17 @@ def updated(variables: EmbeddingVariables, rows: jax.Array, grads: jax.Array,
             f"Expected rows [U] and grads [U, {', '.join(map(str, table.shape[1:]))}]; got "
             f"rows.shape={rows.shape}, grads.shape={grads.shape}, table.shape={table.shape}."
         )
+    half = is_half(table.dtype)
+    if half and rounding is None:
+        raise ValueError(f"A {table.dtype} table is written with stochastic rounding: pass "
+                         "rounding= (tilecore.ops.lookup_grad does).")
     rule = update_rule(spec)
     hyperparameters = spec.hyperparameters(step)
     arrays = (table, *slots)
-    new = rule(grads, *(gather(a, rows) for a in arrays), *hyperparameters)
+    gathered = [gather(a, rows) for a in arrays]
+    if half:  # the rule runs in float32
+        gathered[0] = gathered[0].astype(jnp.float32)
+    new = rule(grads, *gathered, *hyperparameters)
     if len(new) != len(arrays):
         raise ValueError(
             f"The {type(spec).__name__} update rule returned {len(new)} arrays; "
@@ -86,6 +104,10 @@ def updated(variables: EmbeddingVariables, rows: jax.Array, grads: jax.Array,
     new_row, *new_slots = new
     if clip is not None:
         new_row = jnp.clip(new_row, clip[0], clip[1])
+    if half:
+        assert rounding is not None
+        bits = rounding_bits(rounding, rows, table.shape[1])
+        new_row = stochastic_round(jnp.asarray(new_row, jnp.float32), table.dtype, bits)
     scattered = [scatter(a, rows, jnp.asarray(v).astype(a.dtype))
                  for a, v in zip(arrays, (new_row, *new_slots), strict=True)]
     return EmbeddingVariables(scattered[0], tuple(scattered[1:]))

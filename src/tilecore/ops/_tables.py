@@ -38,6 +38,8 @@ def shard(plan: StackingPlan, tables: Mapping[str, np.ndarray], *, fill: float =
     """Per-table `[vocab, dim]` arrays → per-stack `[N·R, padded_dim]` arrays (numpy).
 
     Padding rows and columns hold `fill`. Works for tables and for slot variables.
+    The result is float32 (exact for half-precision inputs); cast a table to its
+    stack's `weights_dtype` before passing it to the ops.
     """
     missing = sorted(set(plan.tables) - set(tables))
     if missing:
@@ -72,12 +74,13 @@ def _default_initializer(dim: int):
     return jax.nn.initializers.truncated_normal(stddev=1.0 / np.sqrt(dim))
 
 
-StackSignature = tuple[int, tuple[tuple[Initializer, int], ...]]
+StackSignature = tuple[int, tuple[tuple[Initializer, int], ...], np.dtype]
 
 
 def _stack_signature(plan: StackingPlan, stack: str) -> StackSignature:
-    """What the stack's initial values depend on besides the key: its padded dim and,
-    per table in stack order, the initializer and the rows per partition shard."""
+    """What the stack's initial values depend on besides the key: its padded dim,
+    per table in stack order the initializer and the rows per partition shard, and
+    the storage dtype."""
     spec = plan.stacks[stack]
     n = plan.num_partitions
     parts = []
@@ -85,7 +88,7 @@ def _stack_signature(plan: StackingPlan, stack: str) -> StackSignature:
         table = plan.tables[table_name]
         init = table.initializer or _default_initializer(table.embedding_dim)
         parts.append((init, plan.table_settings[table_name].padded_vocab_size // n))
-    return spec.embedding_dim, tuple(parts)
+    return spec.embedding_dim, tuple(parts), spec.weights_dtype
 
 
 @functools.cache
@@ -96,18 +99,19 @@ def _plan_initializer(num_partitions: int, stacks: tuple[StackSignature, ...]
     The key is split once per stack and each stack's key once per partition shard;
     every table's initializer runs per shard key with shape `(rows, dim)` under
     `lax.map` (vmapping threefry compiles several times slower on CPU), and the
-    shards' rows (tables side by side) are laid out as `[N·R, dim]`.
+    shards' rows (tables side by side) are laid out as `[N·R, dim]`. Initializers
+    draw float32 values; a half-precision stack rounds them to nearest once.
     """
 
     def init_all(key: jax.Array) -> tuple[jax.Array, ...]:
         out = []
-        for stack_key, (dim, parts) in zip(jax.random.split(key, len(stacks)), stacks,
-                                           strict=True):
+        for stack_key, (dim, parts, dtype) in zip(jax.random.split(key, len(stacks)), stacks,
+                                                  strict=True):
             shard_keys = jax.random.split(stack_key, num_partitions)
             blocks = [jax.lax.map(functools.partial(_call, init, (rows, dim)), shard_keys)
                       for init, rows in parts]
             table = jnp.concatenate(blocks, axis=1)
-            out.append(table.reshape(-1, dim))
+            out.append(table.reshape(-1, dim).astype(dtype))
         return tuple(out)
 
     return jax.jit(init_all)
@@ -126,6 +130,12 @@ def init_tables(
     on_host: bool = False,
 ) -> dict[str, EmbeddingVariables]:
     """Fresh variables for every stack: tables from their initializers, constant slots.
+
+    A table is stored in its stack's `weights_dtype` (float32, bfloat16 or float16);
+    optimizer slots are float32 whatever the table's dtype, as FBGEMM keeps its
+    momentum in float32: a slot such as Adagrad's accumulator only grows, and in 8
+    mantissa bits its increments would soon fall below half a unit in the last place,
+    while the slots are read and written only for touched rows (no lookup traffic).
 
     Each table's initializer is called per partition shard with shape
     `(padded_vocab/N, padded_dim)` (padding rows included), one key per shard

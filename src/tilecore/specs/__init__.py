@@ -19,6 +19,7 @@ from ._tables import Initializer as Initializer
 from ._tables import QuantizationConfig as QuantizationConfig
 from ._tables import TableSpec as TableSpec
 from ._topology import Topology as Topology
+from ._weights_dtype import WEIGHTS_DTYPES as WEIGHTS_DTYPES
 
 __all__ = [
     "COMBINERS",
@@ -26,6 +27,7 @@ __all__ = [
     "F2A",
     "FTRL",
     "SGD",
+    "WEIGHTS_DTYPES",
     "Adagrad",
     "AdagradMomentum",
     "Adam",

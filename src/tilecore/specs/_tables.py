@@ -7,7 +7,10 @@ import math
 from collections.abc import Callable
 from typing import Any, Literal, get_args
 
+import numpy as np
+
 from ._optimizers import SGD, OptimizerSpec
+from ._weights_dtype import FLOAT32, weights_dtype
 
 Combiner = Literal["sum", "mean", "sqrtn"]
 COMBINERS: tuple[str, ...] = get_args(Combiner)
@@ -64,6 +67,13 @@ class TableSpec:
       suggested_coo_buffer_size_per_device: COO buffer size per device; None means
         the theoretical maximum implied by `max_ids_per_partition`.
       quantization: optional simulated quantization of the forward pass.
+      weights_dtype: how the table's values are stored: float32 (default),
+        `jnp.bfloat16` or `jnp.float16` (half the bytes per looked-up row, as
+        FBGEMM's `weights_precision`). Lookups combine rows in float32; updates
+        apply the optimizer in float32 and write rows back with stochastic
+        rounding (`tilecore.ops.UpdateOptions.rounding_seed`). Optimizer slots stay
+        float32. Normalised to a `numpy.dtype`; tables of different dtypes are
+        never stacked together.
     """
 
     name: str
@@ -76,10 +86,12 @@ class TableSpec:
     max_unique_ids_per_partition: int = 256
     suggested_coo_buffer_size_per_device: int | None = None
     quantization: QuantizationConfig | None = None
+    weights_dtype: np.dtype | Any = FLOAT32
 
     def __post_init__(self) -> None:
         _check_name("TableSpec", self.name)
         owner = f"TableSpec {self.name!r}"
+        object.__setattr__(self, "weights_dtype", weights_dtype(self.weights_dtype, owner))
         _check_count(owner, "vocab_size", self.vocab_size)
         if self.vocab_size >= 2**31:
             raise ValueError(f"{owner}: vocab_size must be < 2**31, got {self.vocab_size}.")

@@ -96,6 +96,12 @@ def build_stack(
             raise ValueError(
                 f"Cannot stack table {table.name!r} with {first.name!r}: quantization differs."
             )
+        if table.weights_dtype != first.weights_dtype:
+            raise ValueError(
+                f"Cannot stack table {table.name!r} with {first.name!r}: weights_dtype differs "
+                f"({table.weights_dtype.name} vs {first.weights_dtype.name}); a stacked table has "
+                "one storage format. Stack them separately, or give them the same weights_dtype."
+            )
     dims = {padded_dim(t) for t in tables}
     if len(dims) > 1 and fail_on_excess_padding:
         raise ValueError(
@@ -142,5 +148,6 @@ def build_stack(
         max_ids_per_partition=max_ids, max_unique_ids_per_partition=max_unique,
         suggested_coo_buffer_size_per_device=suggested,
         table_names=tuple(t.name for t in tables), feature_names=tuple(ordered),
+        weights_dtype=first.weights_dtype,
     )
     return stack, table_settings, feature_settings

@@ -9,8 +9,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
+import numpy as np
+
 from ..specs import FeatureSpec, OptimizerSpec, QuantizationConfig, SparseCoreConfig, TableSpec
 from ..specs import Topology as Topology
+from ..specs._weights_dtype import FLOAT32
 from ._checks import check_limit, check_plan
 
 
@@ -50,6 +53,8 @@ class StackSpec:
 
     `vocab_size` and `embedding_dim` are the stacked (padded) sizes; the limits are
     the ones checked against every (SparseCore, partition) pair of this stack.
+    `weights_dtype` is the storage format of the stacked table (its tables' own:
+    tables of different formats are never stacked together).
     """
 
     name: str
@@ -65,6 +70,7 @@ class StackSpec:
     table_names: tuple[str, ...]
     feature_names: tuple[str, ...]
     """Features in row-offset order: the order their samples follow on each SparseCore."""
+    weights_dtype: np.dtype = FLOAT32
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

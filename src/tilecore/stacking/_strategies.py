@@ -153,7 +153,8 @@ def stack_tables(
 def auto_groups(
     features: Sequence[FeatureSpec], topology: Topology, activation_mem_bytes_limit: int
 ) -> list[list[str]]:
-    """Tables grouped by (padded dim, optimizer, combiner, quantization), split first-fit.
+    """Tables grouped by (padded dim, optimizer, combiner, quantization, weights dtype),
+    split first-fit.
 
     A table joins the first group of its kind whose stacked activations per
     SparseCore stay within `activation_mem_bytes_limit`.
@@ -163,7 +164,8 @@ def auto_groups(
     n = topology.num_partitions
     kinds: dict[tuple[object, ...], list[tuple[list[str], int]]] = {}
     for name, table in tables.items():
-        key = (padded_dim(table), table.optimizer, table.combiner, table.quantization)
+        key = (padded_dim(table), table.optimizer, table.combiner, table.quantization,
+               table.weights_dtype)
         mem = padded_dim(table) * sum(f.batch_size // n for f in by_table[name]) * 4
         bins = kinds.setdefault(key, [])
         for members_and_mem in bins:

@@ -6,7 +6,10 @@ optimizers, buffer unpacking, and hypothesis strategies.
 buffers back into the same per-(device, SparseCore) `Entries`.
 `reference_lookup`, `reference_row_gradients` and `reference_lookup_grad` compute
 what the device ops must return straight from the raw inputs and per-table arrays;
-`reference_update` is every optimizer's formula. `unpack_minibatches` reads the
+`reference_update` is every optimizer's formula; `reference_stochastic_round` and
+`reference_rounding_bits` predict a half-precision table's writes bit for bit
+(`half_ulp_gap`: the gap between a value's two half-precision neighbours, the
+bound on one stochastic rounding's error). `unpack_minibatches` reads the
 minibatching layout back per (device, SparseCore, minibatch);
 `reference_split` and `split_into_minibatches` predict it from single-pass
 entries. `repack_minibatched` turns a single-pass batch into minibatched buffers
@@ -41,6 +44,9 @@ from ._reference import preprocess_reference as preprocess_reference
 from ._reference import row_gains as row_gains
 from ._repack import MinibatchOf as MinibatchOf
 from ._repack import repack_minibatched as repack_minibatched
+from ._rounding import half_ulp_gap as half_ulp_gap
+from ._rounding import reference_rounding_bits as reference_rounding_bits
+from ._rounding import reference_stochastic_round as reference_stochastic_round
 from ._unpack import covered_mask as covered_mask
 from ._unpack import unpack as unpack
 from ._unpack import unpack_stack as unpack_stack
@@ -84,13 +90,16 @@ __all__ = [
     "Stacking",
     "bucket_maxima",
     "covered_mask",
+    "half_ulp_gap",
     "minibatch_of_buckets",
     "preprocess_cases",
     "preprocess_reference",
     "reference_lookup",
     "reference_lookup_grad",
+    "reference_rounding_bits",
     "reference_row_gradients",
     "reference_split",
+    "reference_stochastic_round",
     "reference_update",
     "repack_minibatched",
     "row_bucket",

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from ...specs import OptimizerSpec
 from .._backend import FlatBuffers, RowGradients, Wing
 from .._layout import StackLayout
+from .._rounding import Rounding
 from .._sparse_update import updated
 from .._variables import EmbeddingVariables
 from ._ffi import gather_pool
@@ -40,10 +41,13 @@ def _row_gradients(rows: jax.Array, valid: jax.Array, samples: jax.Array, gains:
 
 def apply_update(variables: EmbeddingVariables, rows: jax.Array, sums: jax.Array,
                  spec: OptimizerSpec, step: Any, clip: tuple[float, float] | None,
-                 count: jax.Array | None) -> EmbeddingVariables:
+                 count: jax.Array | None, rounding: Rounding | None = None
+                 ) -> EmbeddingVariables:
     """The optimizer on the `count` leading rows only: in one fused pass when the rule
     is elementwise, else with JAX a chunk at a time (work and memory follow the
-    touched rows, not the padded list)."""
+    touched rows, not the padded list). Float32 tables only: `_backend.update_wing`
+    sends half-precision tables to the XLA wing."""
+    assert rounding is None
     kernels = fused_kernels(spec)
     if kernels is not None:
         return fused_update_rows(kernels, variables, rows, sums, spec, step, clip, count)
@@ -71,11 +75,13 @@ def _lookup_local(flat: FlatBuffers, table: jax.Array, layout: StackLayout,
 
 def _update_local(flat: FlatBuffers, grads: jax.Array, variables: EmbeddingVariables,
                   layout: StackLayout, spec: OptimizerSpec, step: Any,
-                  clip: tuple[float, float] | None, num_minibatches: jax.Array
-                  ) -> EmbeddingVariables:
+                  clip: tuple[float, float] | None, num_minibatches: jax.Array,
+                  rounding: Rounding | None = None) -> EmbeddingVariables:
     """One device's update; minibatched buffers one minibatch at a time (the optimizer
     runs once per minibatch, as on the reference system). An elementwise rule runs
-    fused with the gradient sums, one pass over the sorted buffers."""
+    fused with the gradient sums, one pass over the sorted buffers. Float32 tables
+    only (see `apply_update`)."""
+    assert rounding is None
     kernels = fused_kernels(spec)
     if kernels is not None:
         if not layout.minibatched:

@@ -13,6 +13,7 @@ from .._checks import quantize
 from .._layout import StackLayout
 from .._minibatching import buffer_entries
 from .._per_device import local_rows, pool_entries, received_entries, sources, update_rows
+from .._rounding import Rounding
 from .._sparse_update import apply_sparse_update
 from .._variables import EmbeddingVariables
 
@@ -20,7 +21,7 @@ from .._variables import EmbeddingVariables
 def _pool_rows(table: jax.Array, rows: jax.Array, segments: jax.Array, gains: jax.Array,
                num_segments: int, quantization: Any) -> jax.Array:
     """`Σ gain · table[row]` per segment (segments out of range are dropped)."""
-    values = jnp.take(table, rows, axis=0)
+    values = jnp.take(table, rows, axis=0).astype(jnp.float32)  # half rows pool in float32
     if quantization is not None:
         values = quantize(values, quantization)
     return jax.ops.segment_sum(values * gains.reshape(-1, 1), segments, num_segments=num_segments)
@@ -48,9 +49,9 @@ def row_gradients(rows: jax.Array, valid: jax.Array, samples: jax.Array, gains: 
 
 def _apply_update(variables: EmbeddingVariables, rows: jax.Array, sums: jax.Array,
                   spec: OptimizerSpec, step: Any, clip: tuple[float, float] | None,
-                  count: jax.Array | None) -> EmbeddingVariables:
+                  count: jax.Array | None, rounding: Rounding | None) -> EmbeddingVariables:
     del count  # padding rows hold a sentinel past the shard: their scatters are dropped
-    return apply_sparse_update(variables, rows, sums, spec, step, clip=clip)
+    return apply_sparse_update(variables, rows, sums, spec, step, clip=clip, rounding=rounding)
 
 
 def lookup_local(flat: FlatBuffers, table: jax.Array, layout: StackLayout,
@@ -70,8 +71,8 @@ def lookup_local(flat: FlatBuffers, table: jax.Array, layout: StackLayout,
 
 def update_local(flat: FlatBuffers, grads: jax.Array, variables: EmbeddingVariables,
                  layout: StackLayout, spec: OptimizerSpec, step: Any,
-                 clip: tuple[float, float] | None, num_minibatches: jax.Array
-                 ) -> EmbeddingVariables:
+                 clip: tuple[float, float] | None, num_minibatches: jax.Array,
+                 rounding: Rounding | None) -> EmbeddingVariables:
     """One device's update. Every occurrence of a row lies in one minibatch
     (preprocessing buckets rows by hash), so the minibatches update disjoint rows and
     minibatched buffers are applied in a single pass: the same result as a pass per
@@ -83,7 +84,8 @@ def update_local(flat: FlatBuffers, grads: jax.Array, variables: EmbeddingVariab
     else:
         entries = received_entries(flat, layout, None)
         source = sources(entries)
-    return update_rows(entries, source, grads, variables, layout, spec, step, None, clip, WING)
+    return update_rows(entries, source, grads, variables, layout, spec, step, None, clip, WING,
+                       rounding)
 
 
 WING = Wing(name="xla", pool=_pool_rows, row_gradients=row_gradients,
