@@ -47,14 +47,16 @@ def same_layout(saved: SavedLayout, plan: StackingPlan) -> bool:
     """True when every stacked array of `plan` is, row for row, the saved one.
 
     Then the arrays are read straight onto the new devices (even another device
-    count); otherwise they are converted through per-table arrays.
+    count); otherwise they are converted through per-table arrays. A stack stored
+    in another dtype (`weights_dtype`) is converted too: its table is cast on the
+    way (exact from a half format to float32, rounded to nearest the other way).
     """
     old = saved.plan
     if old.num_partitions != plan.num_partitions or old.stacks.keys() != plan.stacks.keys():
         return False
     for name, stack in plan.stacks.items():
         was = old.stacks[name]
-        if (was.vocab_size, was.embedding_dim, was.table_names) != (
-                stack.vocab_size, stack.embedding_dim, stack.table_names):
+        if (was.vocab_size, was.embedding_dim, was.table_names, was.weights_dtype) != (
+                stack.vocab_size, stack.embedding_dim, stack.table_names, stack.weights_dtype):
             return False
     return all(old.table_settings[t] == plan.table_settings[t] for t in plan.tables)

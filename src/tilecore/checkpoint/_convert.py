@@ -132,7 +132,9 @@ def shard_variables(
     """Per-table arrays → every stack's `EmbeddingVariables` for `plan` (the inverse of
     `unshard_variables`), split by rows over `axis` of `mesh` (None: one device).
 
-    Padding gets 0.0 in tables and the optimizer's initial value in slots.
+    Padding gets 0.0 in tables and the optimizer's initial value in slots. Tables
+    are stored in their stack's `weights_dtype` (a float32 table given for a
+    half-precision stack is rounded to nearest), slots in float32.
     """
     sharding = table_sharding(plan, mesh, axis)
     missing = sorted(set(plan.tables) - set(tables))
@@ -154,5 +156,5 @@ def shard_variables(
                    sharding)
             for i, value in enumerate(initial)
         )
-        out[name] = EmbeddingVariables(place(table, sharding), slots)
+        out[name] = EmbeddingVariables(place(table.astype(spec.weights_dtype), sharding), slots)
     return out

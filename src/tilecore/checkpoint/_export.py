@@ -23,7 +23,8 @@ def read_metadata(directory: PathLike, *, step: int | None = None) -> dict[str, 
     """The JSON record saved with `step` (None: the latest).
 
     Keys: `step`, `topology`, `config`, `tables` (sizes, combiner, limits,
-    `optimizer` with type, slots and hyperparameters), `features`, `stacks`,
+    `optimizer` with type, slots and hyperparameters, `weights_dtype`),
+    `features`, `stacks` (each with its `weights_dtype`),
     `table_settings`, `feature_settings`, `not_serialized` (callables such
     as learning-rate schedules, stored by name only), `checksums` (CRC-32, or
     `hashsum64` for arrays spread over processes, with dtype and shape of every
@@ -87,7 +88,8 @@ def export_tables(
             if mismatches:
                 raise CheckpointMismatchError(Path(source), step, mismatches)
         states = read_tables(source, step, saved)
-    tables = {name: state.table for name, state in states.items()}
+    tables = {name: np.asarray(state.table, np.float32)  # exact for half-precision tables
+              for name, state in states.items()}
     if npz_path is not None:
         _write_npz(npz_path, tables)
     return tables

@@ -2,7 +2,7 @@
 
 Written next to the arrays so a checkpoint says what it holds without the code
 that wrote it: every table (sizes, combiner, limits, optimizer with its
-hyperparameters), every feature, the topology and the full stacking plan, and
+hyperparameters, storage dtype), every feature, the topology and the full stacking plan, and
 the checksum of every saved array (`_checksums`), compared when it is read.
 
 Callables cannot be stored: a learning-rate schedule, a `CustomOptimizer`'s
@@ -68,6 +68,7 @@ def _table_json(table: TableSpec) -> dict[str, Any]:
         "suggested_coo_buffer_size_per_device": table.suggested_coo_buffer_size_per_device,
         "quantization": None if table.quantization is None
         else dataclasses.asdict(table.quantization),
+        "weights_dtype": table.weights_dtype.name,
     }
 
 
@@ -88,7 +89,8 @@ def _stack_json(stack: StackSpec) -> dict[str, Any]:
               "max_ids_per_partition", "max_unique_ids_per_partition",
               "suggested_coo_buffer_size_per_device", "table_names", "feature_names")
     return {**{f: _jsonable(getattr(stack, f)) for f in fields},
-            "slot_names": list(stack.optimizer.slot_names)}
+            "slot_names": list(stack.optimizer.slot_names),
+            "weights_dtype": stack.weights_dtype.name}
 
 
 def plan_json(plan: StackingPlan, step: int, version: str) -> dict[str, Any]:
@@ -151,7 +153,8 @@ def parse(raw: object) -> SavedLayout:
     topology = Topology(global_devices=topo["global_devices"], sc_per_device=topo["sc_per_device"],
                         local_devices=topo["local_devices"])
     tables = {name: TableSpec(name=name, vocab_size=t["vocab_size"],
-                              embedding_dim=t["embedding_dim"], combiner=t["combiner"])
+                              embedding_dim=t["embedding_dim"], combiner=t["combiner"],
+                              weights_dtype=t.get("weights_dtype", "float32"))
               for name, t in raw["tables"].items()}
     optimizers = {name: (str(t["optimizer"]["type"]), tuple(t["optimizer"]["slot_names"]))
                   for name, t in raw["tables"].items()}
@@ -172,6 +175,7 @@ def parse(raw: object) -> SavedLayout:
             max_unique_ids_per_partition=s["max_unique_ids_per_partition"],
             suggested_coo_buffer_size_per_device=s["suggested_coo_buffer_size_per_device"],
             table_names=members, feature_names=tuple(s["feature_names"]),
+            weights_dtype=first.weights_dtype,
         )
         slot_names[s["name"]] = tuple(s["slot_names"])
     for name, setting in settings.items():
