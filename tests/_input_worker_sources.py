@@ -11,6 +11,8 @@ import os
 import sys
 import time
 
+import numpy as np
+
 from tilecore import data
 
 
@@ -19,11 +21,17 @@ class CheckedSource:
     """`base`'s batches; raises in a worker if JAX was imported there, or at `fail_at`.
 
     A worker is any process other than the one that made the source (`main_pid`).
+    A worker dies at `crash_at` (exit status 7); batch `k` of `wide` has its dense
+    features repeated `wide[k]` times (batches of another size, in every process);
+    `eval_batch` raises if `fail_eval`.
     """
 
     base: data.ClickDataset
     fail_at: int | None = None
     sleep_s: float = 0.0
+    crash_at: int | None = None
+    wide: tuple[tuple[int, int], ...] = ()
+    fail_eval: bool = False
     main_pid: int = dataclasses.field(default_factory=os.getpid)
 
     @property
@@ -43,8 +51,14 @@ class CheckedSource:
             raise AssertionError("the input worker imported jax")
         if step == self.fail_at:
             raise ValueError(f"bad batch {step}")
+        if step == self.crash_at and os.getpid() != self.main_pid:
+            os._exit(7)
         time.sleep(self.sleep_s)
-        return self.base.train_batch(step)
+        batch = self.base.train_batch(step)
+        times = dict(self.wide).get(step, 1)
+        return dataclasses.replace(batch, dense=np.repeat(batch.dense, times, axis=1))
 
     def eval_batch(self, index: int) -> data.ClickBatch:
+        if self.fail_eval:
+            raise RuntimeError("no held-out data")
         return self.base.eval_batch(index)

@@ -4,8 +4,9 @@ Three ways, chosen by `TrainConfig`:
 - prefetch threads (the default): generate, preprocess and put batch i on the
   devices in a background thread while the device runs earlier steps;
 - worker processes (`input_processes`): JAX-free processes generate and
-  preprocess, one background thread reads their results in order and puts them
-  on the devices, so the main thread only dispatches steps;
+  preprocess, one background thread reads their results in order (from shared
+  memory, no copy) and puts them on the devices, so the main thread only
+  dispatches steps;
 - staged batches (`staged_batches`): a few batches are put on the devices
   before the loop and cycled, so the host prepares nothing while it runs. Its
   examples/s is the devices' ceiling; `input_rate` is the host's. Comparing the
@@ -83,7 +84,13 @@ class Inputs:
 
     def _worker_batch(self, batches: ProcessBatches, step: int) -> Prepared:
         """Training batch `step` from the input workers, on the devices (the seconds are
-        the worker's, generating and preprocessing, plus the transfer's)."""
+        the worker's, generating and preprocessing, plus the transfer's).
+
+        The worker's arrays are views of its shared-memory slot, put on the devices as
+        they are: on CPU the device arrays may alias the slot, elsewhere the transfer
+        may still read it after `put` returns. Neither needs a copy or a wait here:
+        the slot goes back to the worker only once no array refers to it (`_slots`).
+        """
         host = batches.take(step)
         if host.bad_rows and isinstance(self.source, StreamedClicks):
             self.source.merge_bad_rows(host.bad_rows)  # the worker's count joins the run's

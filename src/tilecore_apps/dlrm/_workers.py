@@ -11,10 +11,14 @@ The workers never import JAX: they are plain `python -P _workers.py` processes
 JAX-importing CLI), this module imports only the standard library at its top,
 and the plan they receive has its tables' JAX initializers removed. Batch
 `start + k` goes to worker `k mod N`, so reading the workers in turn returns the
-batches in order. Messages are pickles over the worker's stdin and stdout (its
-`print`s go to stderr). A worker ignores SIGINT and exits when its stdin closes,
-so Ctrl-C reaches only the main process, which closes the pipes, waits for the
-workers and kills any that does not exit.
+batches in order. Requests and small messages are pickles over the worker's
+stdin and stdout (its `print`s go to stderr); the batches' arrays travel in
+shared memory (`_slots`: each request lends the worker a free slot, its reply
+names where the arrays lie, and the main process reads them in place). A worker
+ignores SIGINT and exits when its stdin closes, so Ctrl-C reaches only the main
+process, which closes the pipes, waits for the workers, kills any that does not
+exit and removes the slots' directory (a worker removes its own slots when it
+exits, too, in case the main process was killed).
 
 Each batch also carries the bad rows that the worker's copy of a streamed source
 has skipped so far (`HostBatch.bad_rows`); the main process merges them into its
@@ -26,14 +30,18 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import importlib.util
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+import weakref
 from collections.abc import Mapping
-from types import TracebackType
+from types import ModuleType, TracebackType
 from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:  # the workers import only what they run
@@ -47,9 +55,38 @@ _EXIT_TIMEOUT_S = 1.0
 """Seconds the workers get to exit after their pipes close: then they are killed (a
 batch in the making has nothing worth saving)."""
 
+_MAX_SLOT_BYTES = 1 << 30
+"""A batch's arrays over this many bytes travel inside the pickle, not in a slot."""
+
+
+def _sibling(name: str) -> ModuleType:
+    """This package's module `name`, loaded from its file: a worker runs this file as a
+    script, outside the package (whose `__init__` imports JAX)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_tilecore_worker{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+if TYPE_CHECKING or __name__ != "__main__":  # a worker loads it in `_serve` (`_sibling`)
+    from . import _slots
+
+
+def _shm_root() -> str:
+    """Where the slots' files go: memory-backed `/dev/shm` if usable, else the temp dir."""
+    root = "/dev/shm"
+    return root if os.path.isdir(root) and os.access(root, os.W_OK) else tempfile.gettempdir()
+
 
 class HostBatch(NamedTuple):
-    """A training batch prepared by a worker: what the main process puts on the devices."""
+    """A training batch prepared by a worker: what the main process puts on the devices.
+
+    `sparse`, `dense` and `labels` are read-only views of the worker's shared-memory
+    slot, which goes back to the worker once none of them (nor any view of them,
+    nor a device array aliasing them) is referenced any more.
+    """
 
     sparse: PreprocessedBatch
     stats: PreprocessStats
@@ -72,21 +109,22 @@ def host_plan(plan: StackingPlan) -> StackingPlan:
 
 
 class _Worker:
-    """One worker process and its two pipes."""
+    """One worker process, its two pipes and its shared-memory slots."""
 
-    def __init__(self, index: int, setup: bytes) -> None:
+    def __init__(self, index: int, setup: bytes, directory: str) -> None:
         self.index = index
         self.process = subprocess.Popen([sys.executable, "-P", os.path.abspath(__file__)],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert self.process.stdin is not None and self.process.stdout is not None
         self.requests: IO[bytes] = self.process.stdin
         self.results: IO[bytes] = self.process.stdout
-        self.requests.write(setup)
+        self.slots = _slots.SlotReader(directory)
+        self.requests.write(pickle.dumps((directory, index, _MAX_SLOT_BYTES)) + setup)
         self.requests.flush()
 
     def request(self, step: int) -> None:
         try:
-            pickle.dump(step, self.requests)
+            pickle.dump((step, self.slots.lend()), self.requests)
             self.requests.flush()
         except BrokenPipeError:
             pass  # it died: the read of this step's result reports how
@@ -104,7 +142,9 @@ class _Worker:
         if kind == "error":
             raise InputWorkerError(
                 f"Input worker {self.index} failed on training batch {step}: {payload}")
-        return HostBatch(*payload)
+        sent, (stats, seconds, bad_rows) = payload
+        sparse, dense, labels = self.slots.read(_slots.Sent(*sent))
+        return HostBatch(sparse, stats, dense, labels, seconds, bad_rows)
 
     def hang_up(self) -> None:
         """Close both pipes: an idle worker exits, a busy one when it next writes."""
@@ -127,8 +167,9 @@ class ProcessBatches:
     Call `take(step)` with consecutive steps. Up to max(depth, processes)
     batches are in the making at any time. A worker's exception is raised by
     the `take` of its batch as `InputWorkerError` with the worker's traceback.
-    Use as a context manager (or call `close`): it stops the workers, on errors
-    and early exits too.
+    A batch's arrays are views of shared memory, reused only once nothing refers
+    to them (`HostBatch`). Use as a context manager (or call `close`): it stops
+    the workers and removes the shared memory, on errors and early exits too.
     """
 
     def __init__(self, source: ClickSource, plan: StackingPlan, *, start: int, stop: int,
@@ -142,9 +183,14 @@ class ProcessBatches:
         self._next_request = self._next_take = start
         self._pending: collections.deque[int] = collections.deque()
         self._workers: list[_Worker] = []
+        self.slot_directory = tempfile.mkdtemp(prefix=f"tilecore-input-{os.getpid()}-",
+                                               dir=_shm_root())
+        """The directory of the workers' shared-memory files (removed by `close`)."""
+        # If close() is never called: at garbage collection or interpreter exit.
+        self._remove = weakref.finalize(self, shutil.rmtree, self.slot_directory, True)
         try:
             for index in range(processes):
-                self._workers.append(_Worker(index, setup))
+                self._workers.append(_Worker(index, setup, self.slot_directory))
             self._fill()
         except BaseException:
             self.close()
@@ -154,6 +200,12 @@ class ProcessBatches:
     def pids(self) -> tuple[int, ...]:
         """The workers' process IDs (none after `close`)."""
         return tuple(w.process.pid for w in self._workers)
+
+    @property
+    def slots(self) -> tuple[tuple[int, int], ...]:
+        """Per worker: its slots, and those of them not free (in the making, or viewed by
+        arrays still alive)."""
+        return tuple((w.slots.slots, w.slots.held) for w in self._workers)
 
     def _worker(self, step: int) -> _Worker:
         return self._workers[(step - self._start) % len(self._workers)]
@@ -178,13 +230,17 @@ class ProcessBatches:
         return batch
 
     def close(self) -> None:
-        """Stop the workers: idle ones exit at once, busy ones are killed after 1 s."""
+        """Stop the workers (idle ones exit at once, busy ones are killed after 1 s) and
+        remove the shared memory's files (arrays still viewing it stay valid)."""
         workers, self._workers = self._workers, []
-        for worker in workers:
-            worker.hang_up()
-        deadline = time.perf_counter() + _EXIT_TIMEOUT_S
-        for worker in workers:
-            worker.reap(deadline)
+        try:
+            for worker in workers:
+                worker.hang_up()
+            deadline = time.perf_counter() + _EXIT_TIMEOUT_S
+            for worker in workers:
+                worker.reap(deadline)
+        finally:
+            self._remove()
 
     def __enter__(self) -> ProcessBatches:
         return self
@@ -194,7 +250,9 @@ class ProcessBatches:
         self.close()
 
 
-def _prepare(source: Any, plan: Any, num_threads: int | None, step: int) -> tuple[Any, ...]:
+def _prepare(source: Any, plan: Any, num_threads: int | None, step: int, slot: int,
+             writer: Any) -> tuple[Any, Any]:
+    """Batch `step`: its arrays written into `slot`, the rest to be pickled with the reply."""
     from tilecore.data import StreamedClicks
     from tilecore.preprocessing import preprocess
 
@@ -203,11 +261,12 @@ def _prepare(source: Any, plan: Any, num_threads: int | None, step: int) -> tupl
     sparse, stats = preprocess(plan, batch.sparse, num_threads=num_threads)
     seconds = time.perf_counter() - t0
     bad_rows = source.bad_rows_by_file() if isinstance(source, StreamedClicks) else {}
-    return sparse, stats, batch.dense, batch.labels, seconds, bad_rows
+    sent = writer.write(slot, (sparse, batch.dense, batch.labels))
+    return tuple(sent), (stats, seconds, bad_rows)  # a plain tuple: the class is the worker's
 
 
 def _serve() -> None:
-    """The worker's main: answer each step read from stdin with its batch on stdout."""
+    """The worker's main: answer each (step, slot) read from stdin with its batch."""
     import traceback
     import warnings
 
@@ -215,7 +274,9 @@ def _serve() -> None:
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # stray prints must not corrupt the result stream
     requests = sys.stdin.buffer
+    directory, index, max_bytes = pickle.load(requests)
     sys.path[:] = pickle.load(requests)
+    writer = _sibling("_slots").SlotWriter(directory, index, max_bytes=max_bytes)
     setup: tuple[Any, Any, int | None] | None = None
     setup_error = ""
     try:
@@ -227,23 +288,26 @@ def _serve() -> None:
         setup = pickle.load(requests)
     except Exception:
         setup_error = f"setting up failed (is the source picklable?):\n{traceback.format_exc()}"
-    while True:
-        try:
-            step = pickle.load(requests)
-        except EOFError:
-            return
-        if setup is None:
-            message: tuple[str, Any] = ("error", setup_error)
-        else:
+    try:
+        while True:
             try:
-                message = ("ok", _prepare(*setup, step))
-            except Exception:
-                message = ("error", f"\n{traceback.format_exc()}")
-        try:
-            pickle.dump(message, out, protocol=5)
-            out.flush()
-        except (BrokenPipeError, OSError):
-            return  # the main process stopped reading
+                step, slot = pickle.load(requests)
+            except EOFError:
+                return
+            if setup is None:
+                message: tuple[str, Any] = ("error", setup_error)
+            else:
+                try:
+                    message = ("ok", _prepare(*setup, step, slot, writer))
+                except Exception:
+                    message = ("error", f"\n{traceback.format_exc()}")
+            try:
+                pickle.dump(message, out, protocol=5)
+                out.flush()
+            except (BrokenPipeError, OSError):
+                return  # the main process stopped reading
+    finally:
+        writer.close()
 
 
 if __name__ == "__main__":
