@@ -1,6 +1,7 @@
-"""Shared test set-up: a deterministic hypothesis profile, the kernel-path fixture, and
-`made_once` for expensive results (subprocess runs) that several test modules or xdist
-workers share."""
+"""Shared test set-up: one JAX compilation cache and XLA's quick compile mode for the
+session, a deterministic hypothesis profile, the kernel-path and full-optimisation
+fixtures, and `made_once` for expensive results (subprocess runs) that several test
+modules or xdist workers share."""
 
 from __future__ import annotations
 
@@ -20,6 +21,15 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.3")
+
+# The suite checks results, not speed, and most of its time went to XLA compiling programs
+# that then run once or twice on tiny inputs. JAX's own switch for that trade
+# (`jax_disable_most_optimizations`: LLVM at level 0, no expensive passes; the HLO passes
+# still run) roughly halves each compile, in this process and in every child, which
+# inherits the variable. `tilecore train`, the benchmarks and a user's program keep full
+# optimisation; a test whose bits depend on the generated code asks for it
+# (`fully_optimised`).
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
 import jax
 import pytest
@@ -55,6 +65,25 @@ def kernels(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     yield request.param
     monkeypatch.undo()
     wing.cache_clear()
+
+
+@pytest.fixture
+def fully_optimised() -> Iterator[None]:
+    """Compile the test's programs as a user's program is compiled (full optimisation).
+
+    For properties of the generated code rather than of the computation: two programs
+    that agree to the bit at full optimisation may differ in the last place at level 0
+    (which fuses and contracts differently). JAX's in-memory caches are cleared on the
+    way in and out, so no program compiled at the other level is reused.
+    """
+    previous = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", False)
+    jax.clear_caches()
+    try:
+        yield
+    finally:
+        jax.config.update("jax_disable_most_optimizations", previous)
+        jax.clear_caches()
 
 
 MadeOnce = Callable[[str, Callable[[Path], object]], Path]

@@ -51,7 +51,7 @@ def _expected(plan: tc.StackingPlan, key: jax.Array) -> dict[str, np.ndarray]:
     return out
 
 
-def test_values_are_the_per_shard_initializer_calls() -> None:
+def test_values_are_the_per_shard_initializer_calls(fully_optimised: None) -> None:
     calls: list[tuple[int, ...]] = []
     plan = _plan({"a": _counting(calls, 1.0), "c": _counting(calls, -3.0)})
     assert len(plan.stacks) == 2
