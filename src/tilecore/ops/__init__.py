@@ -1,4 +1,5 @@
-"""Device ops in JAX: sharded lookup, fused gradient + optimizer update, table layout."""
+"""Device ops in JAX: sharded lookup, fused gradient + optimizer update, table layout, and
+preprocessing on the device (bit-identical to the host's)."""
 
 from . import _pytrees  # noqa: F401  (registers the preprocessing outputs as pytrees)
 from ._activations import stack_gradients as stack_gradients
@@ -6,6 +7,10 @@ from ._activations import unstack_activations as unstack_activations
 from ._autodiff import activation_probe as activation_probe
 from ._autodiff import embed as embed
 from ._autodiff import training_update as training_update
+from ._device_preprocessing import PreprocessOn as PreprocessOn
+from ._device_preprocessing import preprocess_batch as preprocess_batch
+from ._device_preprocessing import preprocess_on_device as preprocess_on_device
+from ._device_preprocessing import resolve_preprocess_on as resolve_preprocess_on
 from ._layout import StackLayout as StackLayout
 from ._layout import stack_layouts as stack_layouts
 from ._lookup import DEFAULT_AXIS as DEFAULT_AXIS
@@ -20,6 +25,7 @@ from ._variables import EmbeddingVariables as EmbeddingVariables
 __all__ = [
     "DEFAULT_AXIS",
     "EmbeddingVariables",
+    "PreprocessOn",
     "StackLayout",
     "UpdateOptions",
     "activation_probe",
@@ -27,6 +33,9 @@ __all__ = [
     "init_tables",
     "lookup",
     "lookup_grad",
+    "preprocess_batch",
+    "preprocess_on_device",
+    "resolve_preprocess_on",
     "shard",
     "stack_gradients",
     "stack_layouts",

@@ -236,6 +236,29 @@ def _check_buffers(plan: StackingPlan, stats: PreprocessStats, overflow: Mapping
             )
 
 
+def check_counts(plan: StackingPlan, stats: PreprocessStats, overflow: Mapping[str, int], *,
+                 minibatched: bool, stacklevel: int) -> None:
+    """Act on a batch's counts: raise `LimitExceededError` (unless minibatching split the
+    batch to fit) or the buffer error, or, with dropping allowed, warn that IDs were
+    dropped (`stacklevel` is the warning's, counted from this function). The device path
+    calls it with the counts the device made."""
+    if not plan.config.allow_id_dropping:
+        if not minibatched:
+            # Nothing is dropped when the call raises: report the counts, not the drops.
+            check_limits(plan, dataclasses.replace(
+                stats, id_drop_counters=dict.fromkeys(stats.id_drop_counters, 0)))
+        _check_buffers(plan, stats, overflow)
+    elif stats.dropped_ids:
+        dropped = {name: c for name, c in stats.id_drop_counters.items() if c}
+        warnings.warn(
+            IdDroppingWarning(
+                f"Dropped IDs over the limits (allow_id_dropping=True): {dropped}. Raise the "
+                "limits with tilecore.update_preprocessing_parameters(plan, stats) to keep them."
+            ),
+            stacklevel=stacklevel,
+        )
+
+
 def preprocess(
     plan: StackingPlan,
     inputs: Mapping[str, FeatureInput],
@@ -328,21 +351,8 @@ def preprocess(
         assert agreement is not None  # resolved above
         num_minibatches, stats, overflow = _pack_minibatches(
             plan, jobs, results, stats, agreement, batch_number, executor)
-    elif not plan.config.allow_id_dropping:
-        # Nothing is dropped when the call raises: report the counts, not the drops.
-        check_limits(plan, dataclasses.replace(
-            stats, id_drop_counters=dict.fromkeys(stats.id_drop_counters, 0)))
-    if not plan.config.allow_id_dropping:
-        _check_buffers(plan, stats, overflow)
-    if plan.config.allow_id_dropping and stats.dropped_ids:
-        dropped = {name: c for name, c in stats.id_drop_counters.items() if c}
-        warnings.warn(
-            IdDroppingWarning(
-                f"Dropped IDs over the limits (allow_id_dropping=True): {dropped}. Raise the "
-                "limits with tilecore.update_preprocessing_parameters(plan, stats) to keep them."
-            ),
-            stacklevel=2,
-        )
+    check_counts(plan, stats, overflow, minibatched=plan.config.enable_minibatching,
+                 stacklevel=3)
     stacks = {job.layout.stack.name: job.buffers for job in jobs}
     if not has_leading_dimension:
         stacks = {
