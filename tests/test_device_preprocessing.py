@@ -49,7 +49,16 @@ def _plan(topology: tc.Topology, batch: int) -> tc.StackingPlan:
         tc.FeatureSpec(name="f3", table=d, input_shape=(batch, 7)),
         tc.FeatureSpec(name="f4", table=b, input_shape=(batch, 3)),  # shares table b
     ]
-    return tc.auto_stack_tables(features, topology)  # b and c stack: mean, dim 8
+    plan = tc.auto_stack_tables(features, topology)  # b and c stack: mean, dim 8
+    return with_buffers(plan, lambda s: tc.coo_buffer_size_per_device(s, topology))
+
+
+def with_buffers(plan: tc.StackingPlan, size: Callable[[tc.StackSpec], int], **limits: int
+                 ) -> tc.StackingPlan:
+    """`plan` with COO buffers of `size(stack)` entries per device and the given limits."""
+    return dataclasses.replace(plan, stacks={
+        name: dataclasses.replace(s, **limits, suggested_coo_buffer_size_per_device=size(s))
+        for name, s in plan.stacks.items()})
 
 
 PLANS = {
@@ -62,13 +71,9 @@ PLANS = {
 
 def generous(plan: tc.StackingPlan) -> tc.StackingPlan:
     """`plan` with limits of 64 in buffers of the same size (the same compiled program):
-    most batches fit, the skewed ones overflow the buffer."""
-    topo = plan.topology
-    return dataclasses.replace(plan, stacks={
-        name: dataclasses.replace(
-            s, max_ids_per_partition=64, max_unique_ids_per_partition=64,
-            suggested_coo_buffer_size_per_device=tc.coo_buffer_size_per_device(s, topo))
-        for name, s in plan.stacks.items()})
+    nothing is dropped for the limits, but skewed batches overflow the buffer."""
+    return with_buffers(plan, lambda s: s.suggested_coo_buffer_size_per_device or 0,
+                        max_ids_per_partition=64, max_unique_ids_per_partition=64)
 
 
 WEIGHTED = ("f1", "f2", "f3")  # f0 (sum) and f4 (mean, beside the weighted f1) unweighted
@@ -163,14 +168,12 @@ def test_limits_drop_and_raise_as_on_the_host() -> None:
     assert stats.dropped_ids > 0  # the warning was compared too
     error = assert_same(plan, inputs, weights)
     assert isinstance(error, tc.LimitExceededError)
-    # The COO buffer too small: the buffer error without dropping, counted drops with it.
-    small = dataclasses.replace(plan, stacks={
-        name: dataclasses.replace(s, max_ids_per_partition=64, max_unique_ids_per_partition=64,
-                                  suggested_coo_buffer_size_per_device=16)
-        for name, s in plan.stacks.items()})
-    error = assert_same(small, inputs, weights)
+    # The limits generous, the COO buffer too small: the buffer error, or drops counted.
+    inputs, weights = _inputs(plan, 1, empty=0.0, duplicates=0.0, zipf=True, dense=True)
+    error = assert_same(generous(plan), inputs, weights)
     assert isinstance(error, ValueError) and "COO entries" in str(error)
-    assert assert_same(small.with_config(allow_id_dropping=True), inputs, weights).dropped_ids
+    stats = assert_same(generous(plan).with_config(allow_id_dropping=True), inputs, weights)
+    assert stats.dropped_ids
 
 
 @pytest.mark.parametrize("damage", ["id_too_large", "negative_id", "nan_weight", "zero_sum",
@@ -195,18 +198,20 @@ def test_invalid_inputs_raise_the_host_error(damage: str) -> None:
 
 
 def test_flat_buffers_and_larger_batches() -> None:
-    """No leading dimension; a batch with more IDs than the specs declare per row
-    (a larger, power-of-two capacity)."""
-    plan = PLANS["4x1"]
-    inputs, weights = _inputs(plan, 7, empty=0.0, duplicates=0.3, zipf=False, dense=False)
-    assert_same(plan, inputs, weights, has_leading_dimension=False)
+    """No leading dimension, a weighted `sum`, and a batch with more IDs than the specs
+    declare per row (a larger, power-of-two capacity): one more compiled program."""
+    plan = PLANS["4x1"].with_config(allow_id_dropping=True)
+    inputs, weights = _inputs(plan, 7, empty=0.0, duplicates=0.3, zipf=False, dense=False,
+                              weighted=(*WEIGHTED, "f0"))
     long = np.arange(40) % 90
     f0 = inputs["f0"]
     values = np.concatenate([f0.values[:f0.row_splits[1]], long, f0.values[f0.row_splits[1]:]])
     splits = np.concatenate([f0.row_splits[:2], f0.row_splits[2:] + 40])
     inputs["f0"] = tc.Ragged(values, splits)  # row 1 holds 40 more IDs
+    weights["f0"] = np.concatenate([weights["f0"][:f0.row_splits[1]], np.full(40, 0.5, np.float32),
+                                    weights["f0"][f0.row_splits[1]:]])
     assert capacity(40, len(values)) == 128 > len(values)
-    assert_same(plan, inputs, weights)
+    assert_same(plan, inputs, weights, has_leading_dimension=False)
 
 
 def test_choice_of_side() -> None:

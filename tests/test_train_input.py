@@ -6,6 +6,7 @@ import io
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -119,3 +120,27 @@ def test_bench_train_checks_its_options(argv: list[str], message: str,
                                         capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "train", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_device_preprocessing_trains_like_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`preprocess_on="device"` packs the same bits: the same losses and AUC, step by step."""
+    from tilecore.ops import _device_preprocessing
+
+    calls = []
+    original = _device_preprocessing.preprocess_on_device
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(_device_preprocessing, "preprocess_on_device", spy)
+    summaries = {
+        on: training.train(_source(), _config(steps=3, eval_every=3, minibatching=False,
+                                              preprocess_on=on), progress=io.StringIO()).summary
+        for on in ("host", "device")}
+    host, device = summaries["host"], summaries["device"]
+    assert len(calls) == 3 + 1  # the training batches, and the evaluation's held-out one
+    assert len(host.train_losses) == 3 and device.train_losses == host.train_losses
+    assert (device.loss, device.auc, device.dropped_ids) == (host.loss, host.auc, host.dropped_ids)
+    with pytest.raises(ValueError, match="without minibatching"):
+        _config(preprocess_on="device")

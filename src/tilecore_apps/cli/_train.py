@@ -82,6 +82,11 @@ def add_parser(subparsers: Any) -> None:
                         "threads (no GIL contention with the training loop; for many-core "
                         "hosts; default 0: threads)")
     add_threads_option(p)
+    p.add_argument("--preprocess-on", choices=("host", "device", "auto"), default="auto",
+                   help="where batches are packed: the host (numpy/numba), the device (a jitted "
+                        "program, the same bits; needs --no-minibatching) or auto: the device "
+                        "on GPUs without minibatching or --input-processes, else the host "
+                        "(default auto)")
     p.add_argument("--tune-batches", type=positive_int, default=4,
                    help="batches the limits are tuned on before training (default 4)")
     p.add_argument("--headroom", type=nonnegative_float, default=0.1,
@@ -194,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
         prefetch=args.prefetch, input_processes=args.input_processes,
         tune_batches=args.tune_batches, tune_headroom=args.headroom,
         minibatching=args.minibatching, pipelining=args.pipelining, num_threads=args.threads,
+        preprocess_on=args.preprocess_on,
         seed=args.seed, profile_dir=args.profile, checkpoint_dir=out / "checkpoint",
         checkpoint_every=args.checkpoint_every, resume=start > 0,
     )
@@ -243,7 +249,7 @@ def _argv(args: argparse.Namespace, topology: tc.Topology) -> list[str]:
         argv += ["--shared-table", f"{table}={','.join(columns)}"]
     for flag in ("steps", "batch_size", "eval_every", "eval_batches", "optimizer",
                  "learning_rate", "dense_learning_rate", "embedding_dim", "prefetch",
-                 "input_processes", "threads", "tune_batches", "headroom", "data", "eval_data",
+                 "input_processes", "threads", "preprocess_on", "tune_batches", "headroom", "data", "eval_data",
                  "label_column", "seed", "out", "json", "profile", "checkpoint_every"):
         value = getattr(args, flag)
         if value is not None:

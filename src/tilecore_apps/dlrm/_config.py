@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from tilecore.ops import PreprocessOn
 from tilecore.specs import Adagrad, OptimizerSpec, Topology
 
 from ._model import ModelConfig
@@ -45,6 +46,10 @@ class TrainConfig:
       pipelining: overlap SparseCore and TensorCore stages of consecutive steps
         (when `tilecore.pipelining` is available).
       num_threads: preprocessing threads per batch (None: tilecore's default).
+      preprocess_on: where batches are packed (`tilecore.ops.preprocess_batch`):
+        "host", "device" (the same bits; needs `minibatching=False` and no
+        `input_processes`, which are host-side), or "auto": the device on GPUs when
+        neither is asked for, else the host.
       seed: seed of the model's initial values.
       profile_dir: write a `jax.profiler` trace of the training loop here.
       checkpoint_dir: save the state here (tilecore.checkpoint, the newest 2
@@ -72,6 +77,7 @@ class TrainConfig:
     minibatching: bool = True
     pipelining: bool = True
     num_threads: int | None = None
+    preprocess_on: PreprocessOn = "auto"
     seed: int = 0
     profile_dir: Path | None = None
     checkpoint_dir: Path | None = None
@@ -98,6 +104,14 @@ class TrainConfig:
             raise ValueError(
                 f"TrainConfig: need dense_learning_rate > 0 and tune_headroom >= 0, got "
                 f"{self.dense_learning_rate!r} and {self.tune_headroom!r}.")
+        if self.preprocess_on not in ("host", "device", "auto"):
+            raise ValueError(f"TrainConfig: preprocess_on must be 'host', 'device' or 'auto', "
+                             f"got {self.preprocess_on!r}.")
+        if self.preprocess_on == "device" and (self.minibatching or self.input_processes):
+            raise ValueError(
+                "TrainConfig: preprocess_on='device' packs batches in the main process without "
+                "minibatching; set minibatching=False and input_processes=0 (--no-minibatching, "
+                "--input-processes 0), or preprocess on the host.")
         if self.staged_batches and self.input_processes:
             raise ValueError("TrainConfig: staged_batches and input_processes exclude each other "
                              "(staged batches are prepared once, before the loop).")

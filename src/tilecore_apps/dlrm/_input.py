@@ -27,7 +27,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from tilecore import ops
 from tilecore.data import ClickBatch, ClickSource, StreamedClicks
-from tilecore.preprocessing import PreprocessedBatch, PreprocessStats, preprocess
+from tilecore.preprocessing import PreprocessedBatch, PreprocessStats
 from tilecore.stacking import StackingPlan
 
 from ._config import TrainConfig
@@ -56,13 +56,19 @@ class Inputs:
     def __init__(self, source: ClickSource, config: TrainConfig, plan: StackingPlan,
                  mesh: Mesh | None) -> None:
         self.source, self.config, self.plan = source, config, plan
+        # Input workers preprocess on the host, in their own processes.
+        self.preprocess_on: ops.PreprocessOn = (
+            "host" if config.input_processes
+            else ops.resolve_preprocess_on(config.preprocess_on, plan))
         self.shardings = None if mesh is None else (
             NamedSharding(mesh, PartitionSpec(ops.DEFAULT_AXIS)), NamedSharding(mesh, PartitionSpec()))
 
     def to_device(self, batch: ClickBatch) -> tuple[DeviceBatch, PreprocessStats, int]:
         """Preprocess and transfer; also the statistics and the number of minibatches."""
         with annotate("preprocess"):
-            sparse, stats = preprocess(self.plan, batch.sparse, num_threads=self.config.num_threads)
+            sparse, stats = ops.preprocess_batch(self.plan, batch.sparse,
+                                                 preprocess_on=self.preprocess_on,
+                                                 num_threads=self.config.num_threads)
         return self.put(sparse, batch.dense, batch.labels), stats, sparse.num_minibatches
 
     def put(self, sparse: PreprocessedBatch, dense: np.ndarray, labels: np.ndarray
