@@ -249,3 +249,30 @@ def test_long_reads_report_progress_quietly() -> None:
     quiet.start()
     quiet.update(50, 100, "batch 7")
     assert log.getvalue().count("\n") == 1
+
+
+def test_categorical_columns_share_tables_as_configured(sample: Path) -> None:
+    """`ClickColumns.shared_tables` works on TSV as on Parquet; the column roles, fixed in
+    TSV, cannot be chosen (they were ignored before: a flag that did nothing)."""
+    shared = data.ClickColumns(shared_tables={"ads": ("C3", "C1")})
+    source = data.open_click_data(sample, options(columns=shared))
+    tables = {f.name: f.table_name for f in source.features}
+    assert tables["C1"] == tables["C3"] == "ads" and tables["C2"] == "C2"
+    specs = data.click_feature_specs(source.features, 4, embedding_dim=4)
+    assert len({s.table.name for s in specs}) == 25
+    plain = data.open_click_data(sample, options())
+    np.testing.assert_array_equal(source.train_batch(0).sparse["C1"].values,
+                                  plain.train_batch(0).sparse["C1"].values)  # the same IDs
+
+    def fails(message: str, **kw: object) -> None:
+        with pytest.raises(ValueError, match=message):
+            data.open_click_data(sample, options(**kw))
+
+    fails(r"shared tables name columns \['C27'\], which are not sparse columns; the sparse "
+          r"columns are \['C1', .*\(a Criteo TSV file's are C1 … C26\)",
+          columns=data.ClickColumns(shared_tables={"t": ("C1", "C27")}))
+    fails(r"share table 'ads' but have vocabulary sizes \{'C1': 11, 'C3': 13\}",
+          columns=shared, vocab_sizes=tuple(range(11, 37)))
+    fails(r"column roles cannot be chosen \(label='y'\)", columns=data.ClickColumns(label="y"))
+    fails(r"column roles cannot be chosen \(sparse=\('C1',\)\)",
+          columns=data.ClickColumns(sparse=("C1",)))

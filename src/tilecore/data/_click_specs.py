@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..specs import FeatureSpec, Initializer, OptimizerSpec, TableSpec
@@ -33,6 +33,29 @@ def features_by_table(features: Sequence[ClickFeature], where: str = "click data
                              "give its features the same (--vocab-sizes, "
                              "ReadOptions.vocab_sizes).")
     return {table: tuple(members) for table, members in tables.items()}
+
+
+def shared_table_of(sparse: Sequence[str], shared: Mapping[str, tuple[str, ...]], where: str,
+                    hint: str = "--sparse-columns names them") -> tuple[str | None, ...]:
+    """The table of each sparse column by `shared` (table → its columns; None: a table of
+    its own, named as the column): the one rule for every kind of click data.
+
+    Raises:
+      ValueError: `shared` names a column that is not one of `sparse` (`hint` says where
+        the sparse columns come from), or a table that has the name of a sparse column
+        with a table of its own.
+    """
+    table_of = {column: table for table, columns in shared.items() for column in columns}
+    unknown = sorted(set(table_of) - set(sparse))
+    if unknown:
+        raise ValueError(f"{where}: shared tables name columns {unknown}, which are not sparse "
+                         f"columns; the sparse columns are {list(sparse)} ({hint}).")
+    clash = sorted(t for t in shared if t in sparse and t not in table_of)
+    if clash:
+        raise ValueError(f"{where}: shared tables {clash} have the names of sparse columns "
+                         "that have tables of their own; name the shared tables otherwise, or "
+                         "add those columns to them.")
+    return tuple(table_of.get(name) for name in sparse)
 
 
 def click_feature_specs(features: Sequence[ClickFeature], batch_size: int, *,

@@ -1,7 +1,8 @@
 """Open click data of any supported kind as a `ClickSource`, picked by what the path is.
 
 - `*.tsv`, `*.txt` (optionally `.gz`; gzip is also recognised by its content):
-  Criteo-format logs (`_criteo`), 26 features `C1` … `C26`, 13 dense.
+  Criteo-format logs (`_criteo`), 26 features `C1` … `C26` (a table each, or shared
+  as `ClickColumns.shared_tables` says), 13 dense.
 - `*.parquet`, or a directory of them: Parquet click data (`_parquet`): integer or
   string IDs, a table per column or shared as `ClickColumns.shared_tables` says.
 - a directory with `clicks.json`: `.npz` click files (`write_click_files`), which
@@ -15,11 +16,12 @@ import os
 from pathlib import Path
 
 from ._click_files import SCHEMA_FILE, ClickSource, load_click_files
+from ._click_specs import features_by_table, shared_table_of
 from ._clicks import ClickFeature
 from ._criteo import COLUMNS, NUM_CATEGORICAL, NUM_INTEGER, CriteoReader, parse_lines
 from ._parquet import ParquetReader, parse_table
 from ._parquet_layout import parquet_layout
-from ._read_options import ReadOptions
+from ._read_options import ClickColumns, ReadOptions
 from ._stream import OpenReader, Parse, StreamedClicks
 
 TSV_SUFFIXES = (".tsv", ".txt", ".tsv.gz", ".txt.gz")
@@ -49,9 +51,20 @@ def data_kind(path: Path) -> str:
 def _tsv(path: Path, options: ReadOptions
          ) -> tuple[tuple[ClickFeature, ...], int, OpenReader, Parse]:
     names = COLUMNS[1 + NUM_INTEGER:]
+    columns = options.columns
+    fixed = [f"{role}={value!r}" for role, value, default in (
+        ("label", columns.label, ClickColumns().label), ("dense", columns.dense, None),
+        ("sparse", columns.sparse, None)) if value != default]
+    if fixed:
+        raise ValueError(f"{path}: Criteo TSV has fixed columns (label, I1 … I13, C1 … C26), "
+                         f"so column roles cannot be chosen ({', '.join(fixed)}); only shared "
+                         "tables of C1 … C26 can.")
     vocab = options.vocab_for(names, None, str(path))
-    features = tuple(ClickFeature(name=n, vocab_size=v) for n, v in zip(names, vocab,
-                                                                          strict=True))
+    tables = shared_table_of(names, columns.shared_tables, str(path),
+                             hint="a Criteo TSV file's are C1 … C26")
+    features = tuple(ClickFeature(name=n, vocab_size=v, table=t)
+                     for n, v, t in zip(names, vocab, tables, strict=True))
+    features_by_table(features, str(path))  # a shared table's columns agree on its size
     assert len(features) == NUM_CATEGORICAL
     return (features, NUM_INTEGER, functools.partial(CriteoReader, path, vocab),
             functools.partial(parse_lines, vocab_sizes=vocab))

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ._click_specs import features_by_table
+from ._click_specs import features_by_table, shared_table_of
 from ._clicks import ClickFeature
 from ._files import _pyarrow  # pyright: ignore[reportPrivateUsage]
 from ._parquet import SCHEMA_KEY, ParquetLayout, compute
@@ -117,18 +117,7 @@ def _tables(sparse: tuple[str, ...], shared: Mapping[str, tuple[str, ...]],
     """The table of each sparse column (None: its own): from `shared`, else the schema."""
     if not shared:
         return tuple(saved.get(name, {}).get("table") for name in sparse)
-    table_of = {column: table for table, columns in shared.items() for column in columns}
-    unknown = sorted(set(table_of) - set(sparse))
-    if unknown:
-        raise ValueError(f"{where}: shared tables name columns {unknown}, which are not sparse "
-                         f"columns; the sparse columns are {list(sparse)} (--sparse-columns "
-                         "names them).")
-    clash = sorted(t for t in shared if t in sparse and t not in table_of)
-    if clash:
-        raise ValueError(f"{where}: shared tables {clash} have the names of sparse columns "
-                         "that have tables of their own; name the shared tables otherwise, or "
-                         "add those columns to them.")
-    return tuple(table_of.get(name) for name in sparse)
+    return shared_table_of(sparse, shared, where)
 
 
 def _longest(column: Any) -> int:

@@ -79,7 +79,8 @@ class ReadOptions:
       eval_path: a separate held-out file (same format), e.g. a later day of logs.
       skip_bad_rows: count and skip rows that cannot be read (a `BadRowsWarning`
         says how many) instead of raising `BadRowError`.
-      columns: the roles of Parquet columns (ignored for TSV).
+      columns: the roles of Parquet columns; for TSV (fixed columns) only its
+        `shared_tables`, of `C1` … `C26` (other roles raise).
       progress: report long reads (seconds spent skipping to a batch) on stderr.
     """
 

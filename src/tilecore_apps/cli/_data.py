@@ -51,9 +51,10 @@ def add_read_options(p: argparse.ArgumentParser) -> None:
                         "them (default: every such column)")
     p.add_argument("--shared-table", dest="shared_tables", type=_shared_table,
                    action="append", default=None, metavar="TABLE=A,B,...",
-                   help="Parquet: sparse columns A, B, ... look up one table, TABLE (each stays "
-                        "a feature; they need one vocabulary size); repeat for more tables "
-                        "(default: a table per column, named as it)")
+                   help="sparse columns A, B, ... (Parquet columns, or C1 ... C26 of a TSV) "
+                        "look up one table, TABLE (each stays a feature; they need one "
+                        "vocabulary size); repeat for more tables (default: a table per column, "
+                        "named as it)")
 
 
 def read_options(args: argparse.Namespace, *, held_out: int) -> data.ReadOptions:
