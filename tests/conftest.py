@@ -120,11 +120,12 @@ def made_once(tmp_path_factory: pytest.TempPathFactory) -> MadeOnce:
 
 
 SLOW_MODULES_FIRST = (
-    "test_examples", "test_compat_ops", "test_distributed", "test_layers", "test_ops_multidevice",
-    "test_ops_minibatching", "test_hostile_processes", "test_train", "test_ops_extras",
-    "test_hostile_checkpoints", "test_compat_auto_pipelining", "test_pipelining",
-    "test_hostile_ops", "test_bench_step", "test_train_input", "test_minibatching_end_to_end",
-    "test_checkpoint", "test_compat_checkpoint", "test_reference_checkpoint",
+    "test_readme", "test_examples", "test_train", "test_ops_minibatching",
+    "test_compat_auto_pipelining", "test_ops_half", "test_input_slots", "test_ops_extras",
+    "test_hostile_processes", "test_distributed", "test_hostile_checkpoints", "test_layers",
+    "test_ops_multidevice", "test_minibatching_end_to_end", "test_bench_step", "test_hostile_ops",
+    "test_checkpoint", "test_ffi", "test_pipelining", "test_reference_checkpoint",
+    "test_compat_checkpoint", "test_cli_data", "test_train_input", "test_compat_ops",
 )
 """Test files whose tests run subprocesses or compile many programs, slowest first
 (measured with `pytest --durations`)."""
