@@ -148,21 +148,23 @@ def test_string_columns_are_hashed_into_the_table(tmp_path: Path) -> None:
                "city": pa.array(names, pa.large_string()),
                "genre": pa.array(names).dictionary_encode(),
                "tags": pa.array(tags, pa.list_(pa.string())),
-               "topics": pa.array(tags, pa.large_list(pa.large_string()))}
+               "topics": pa.array(tags, pa.large_list(pa.large_string())),
+               "labels": pa.array(tags, pa.list_(pa.dictionary(pa.int32(), pa.string())))}
     path = tmp_path / "t.parquet"
     pq.write_table(table(**columns), path, row_group_size=4)  # batches span row groups
     vocab = 1 << 40
     source = data.open_click_data(path, options(vocab_sizes=(vocab,), held_out_batches=0))
     assert [(f.name, f.max_ids) for f in source.features] == [  # found without being named
         ("user", 1), ("items", 2), *((n, 1) for n in ("name", "city", "genre")),
-        ("tags", 2), ("topics", 2)]
+        ("tags", 2), ("topics", 2), ("labels", 2)]
     got = {f.name: [] for f in source.features}
     for step in range(3):
         for name, ragged in source.train_batch(step).sparse.items():
             got[name] += rows_of(ragged)
     want = [[] if v is None else [string_row(v, vocab)] for v in names]
     assert got["name"] == got["city"] == got["genre"] == want
-    assert got["tags"] == got["topics"] == [[string_row(v, vocab) for v in t or []] for t in tags]
+    assert got["tags"] == got["topics"] == got["labels"] == [
+        [string_row(v, vocab) for v in t or []] for t in tags]
     assert want[0] == want[6] == [0x0A1B]  # as the TSV reader hashes C_j = 0a1b
     assert want[1] == [9933345172075899469 % vocab]  # the same in every process and run
     assert want[3] == [13020603013274838756 % vocab]  # "" is a value; only null is no ID

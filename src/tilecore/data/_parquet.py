@@ -79,6 +79,19 @@ def _row_problems(batch: Any, layout: ParquetLayout) -> list[tuple[np.ndarray, s
     return [(mask, name, reason) for mask, name, reason in out if mask.any()]
 
 
+def _plain_lists(pa: Any, kind: Any) -> Any:
+    """`kind` with every list's dictionary-encoded values replaced by their value type
+    (`kind` itself where it has none)."""
+    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
+        return kind
+    value = kind.value_type
+    plain = value.value_type if pa.types.is_dictionary(value) else _plain_lists(pa, value)
+    if plain == value:
+        return kind
+    return (pa.large_list if pa.types.is_large_list(kind) else pa.list_)(
+        kind.value_field.with_type(plain))
+
+
 class ParquetReader:
     """One pass over the files of `layout`: `take` valid rows, `parse` them into a batch.
 
@@ -97,6 +110,9 @@ class ParquetReader:
         self._total = sum(self._pq.ParquetFile(f).metadata.num_rows for f in layout.files)
         schema = self._pq.ParquetFile(layout.files[0]).schema_arrow
         self._schema = self._pa.schema([schema.field(name) for name in layout.columns])
+        self._plain = self._pa.schema([f.with_type(_plain_lists(self._pa, f.type))
+                                       for f in self._schema])
+        """The schema of the batches read (`_file_batches`)."""
 
     def _record_batches(self, rows: int) -> Generator[Any, None, None]:
         for path in self.layout.files:
@@ -109,10 +125,25 @@ class ParquetReader:
                                      f"{self.layout.files[0]} has {field.type}; the files of "
                                      "one data set need the same columns and types.")
             first = 0
-            for batch in file.iter_batches(batch_size=rows, columns=self.layout.columns):
+            for batch in self._file_batches(path, file, rows):
                 yield self._check(path, first, batch)
                 first += batch.num_rows
                 self._done += batch.num_rows
+
+    def _file_batches(self, path: Path, file: Any, rows: int) -> Any:
+        """The file's record batches of the layout's columns, at most `rows` each.
+
+        pyarrow's Parquet reader cannot stream a list of dictionary-encoded values
+        (`list<dictionary<string>>`: "Nested data conversions not implemented for chunked
+        array outputs"), so a file with such a column is scanned as a dataset whose
+        schema reads those lists' values plainly (the same strings, so the same IDs).
+        """
+        columns = self.layout.columns
+        if self._plain == self._schema:
+            return file.iter_batches(batch_size=rows, columns=columns)
+        import pyarrow.dataset as ds
+        scan = ds.dataset(path, format="parquet", schema=self._plain)
+        return scan.to_batches(batch_size=rows, columns=columns)
 
     def _check(self, path: Path, first: int, batch: Any) -> Any:
         problems = _row_problems(batch, self.layout)
@@ -138,7 +169,7 @@ class ParquetReader:
                 break
             self._pending.append(batch)
             self._pending_rows += batch.num_rows
-        table = self._pa.Table.from_batches(self._pending, schema=self._schema)
+        table = self._pa.Table.from_batches(self._pending, schema=self._plain)
         head, tail = table.slice(0, rows), table.slice(rows)
         self._pending, self._pending_rows = tail.to_batches(), tail.num_rows
         return head, head.num_rows
