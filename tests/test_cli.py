@@ -20,9 +20,12 @@ def test_bench_preprocess_writes_json(tmp_path: Path, capsys: pytest.CaptureFixt
     out = tmp_path / "sub" / "bench.json"
     status = main(["bench", "preprocess", "--workload", "criteo", "--topology", "2x4",
                    "--threads", "1", "--repeats", "3", "--warmup", "1", "--batches", "2",
-                   "--json", str(out), *TINY])
+                   "--json", str(out), "--device", *TINY])
     assert status == 0
     result = json.loads(out.read_text())
+    device = result["device"]  # timed beside the host, on the same batches, bit-identical
+    assert device["bit_identical"] and 0 < device["min_s"] <= device["median_s"]
+    assert device["backend"] == "cpu" and device["first_call_s"] > 0
     for key in ("workload", "topology", "threads", "median_s", "min_s", "max_s",
                 "ids_per_batch", "ids_per_s", "repeats", "output_bytes", "peak_extra_bytes"):
         assert key in result, key

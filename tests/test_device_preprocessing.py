@@ -230,3 +230,22 @@ def test_choice_of_side() -> None:
         batch, _ = ops.preprocess_batch(plan.with_config(allow_id_dropping=True), inputs, weights,
                                         preprocess_on="device")
     assert isinstance(batch.stacks[next(iter(plan.stacks))].gains, jax.Array)
+
+
+@pytest.mark.parametrize("row_bits", [7, 31])
+def test_sort_orders_by_segment_row_sample_stably(row_bits: int) -> None:
+    """The packed one-key sort and the three-key one it falls back to past 64 bits
+    (31 row bits + 26 sample bits + 9 segment bits) give the host's order."""
+    from tilecore.ops._device_packing import StackStatic, _sort
+
+    st = StackStatic(features=(), combiner=0, num_partitions=64, sc_per_device=4,
+                     local_devices=1, slot=8, pointers=64, row_bits=row_bits, sample_bits=26)
+    rng = np.random.default_rng(0)
+    segment, row, sample = (rng.integers(0, k, 300).astype(np.int32) for k in (257, 100, 5))
+    gain = np.arange(300, dtype=np.float32)  # the input order, to check stability
+    with jax.enable_x64(True):
+        got = [np.asarray(x) for x in jax.jit(_sort, static_argnums=0)(st, segment, row, sample,
+                                                                        gain)]
+    order = np.lexsort((sample, row, segment))  # stable: ties keep the input order
+    for x, want in zip(got, (segment, row, sample, gain), strict=True):
+        np.testing.assert_array_equal(x, want[order])

@@ -47,7 +47,8 @@ def _statics(plan: StackingPlan, flat: Mapping[str, FlatFeature]) -> tuple[Stack
                 weighted=flat[f.feature.name].weights is not None) for f in sl.features),
             combiner=sl.combiner, num_partitions=n, sc_per_device=s,
             local_devices=topo.num_local_devices, slot=sl.slot,
-            pointers=sl.buffers[0][0][1] // s))
+            pointers=sl.buffers[0][0][1] // s, row_bits=sl.rowbits,
+            sample_bits=max(1, (sl.samples_per_sc - 1).bit_length())))
     return tuple(statics)
 
 

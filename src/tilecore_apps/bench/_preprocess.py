@@ -1,4 +1,5 @@
-"""`tilecore bench preprocess`: time host preprocessing on a built-in workload."""
+"""`tilecore bench preprocess`: time host preprocessing on a built-in workload (and, with
+`--device`, device preprocessing beside it on the same batches)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,11 @@ def add_parser(kinds: Any) -> None:
              "weights of one alike; dense: [batch, ids] int32 arrays and float32 weights of "
              "one where every sample has as many IDs (object arrays elsewhere)",
     )
+    p.add_argument(
+        "--device", action="store_true",
+        help="also time tilecore.ops.preprocess_on_device on the same batches (compiled "
+             "during its warm-up, each output checked bit-identical to the host's; needs "
+             "--minibatching off); the JSON gains a 'device' section")
     p.add_argument("--batch-size", type=int, default=None, help=argparse.SUPPRESS)
     p.set_defaults(run=run)
 
@@ -97,6 +103,9 @@ def _positive(parser_name: str, **values: int) -> None:
 
 def run(args: argparse.Namespace) -> int:
     _positive("bench preprocess", repeats=args.repeats, warmup=args.warmup, batches=args.batches)
+    if args.device and args.minibatching != "off":
+        raise ValueError("bench preprocess: --device needs --minibatching off (device "
+                         "preprocessing does not minibatch).")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}.")
     topology = parse_topology(args.topology)
@@ -166,10 +175,64 @@ def run(args: argparse.Namespace) -> int:
         "numpy_version": np.__version__,
         **machine_facts(),
     }
+    if args.device:
+        result["device"] = _time_device(plan, inputs, ids, args.warmup, args.repeats)
     _print(result)
     if args.json is not None:
         write_json(args.json, result)
     return 0
+
+
+def _time_device(plan: tc.StackingPlan, inputs: list[Inputs], ids: list[int], warmup: int,
+                 repeats: int) -> dict[str, Any]:
+    """`preprocess_on_device` on the batches the host path was timed on: seconds per call
+    (until its buffers are ready), of which the host's flattening, and the first call's
+    (compiling). Each batch is checked bit-identical to the host's first."""
+    import jax
+
+    from tilecore import ops
+    from tilecore.preprocessing._flat import flatten
+
+    def call(i: int) -> tc.PreprocessedBatch:
+        out, _ = ops.preprocess_on_device(plan, *inputs[i % len(inputs)])
+        return jax.block_until_ready(out)
+
+    t0 = time.perf_counter()
+    call(0)
+    first_s = time.perf_counter() - t0
+    for i, (ids_i, weights_i) in enumerate(inputs):
+        host, _ = tc.preprocess(plan, ids_i, weights_i)
+        device = call(i)
+        for name, b in host.stacks.items():
+            for field in ("row_pointers", "embedding_ids", "sample_ids", "gains"):
+                if np.asarray(getattr(device.stacks[name], field)).tobytes() != getattr(
+                        b, field).tobytes():
+                    raise RuntimeError(f"bench: the device's {name}.{field} of batch {i} "
+                                       "differs from the host's.")
+    for i in range(warmup):
+        call(i)
+    seconds, flatten_s, rates = [], [], []
+    for i in range(repeats):
+        t0 = time.perf_counter()
+        flatten(plan, *inputs[i % len(inputs)])
+        flatten_s.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        call(i)
+        seconds.append(time.perf_counter() - t0)
+        rates.append(ids[i % len(ids)] / seconds[-1])
+    device = jax.devices()[0]
+    return {
+        "backend": jax.default_backend(),
+        "device_kind": device.device_kind,
+        "first_call_s": first_s,
+        "median_s": statistics.median(seconds),
+        "min_s": min(seconds),
+        "max_s": max(seconds),
+        "ids_per_s": statistics.median(rates),
+        "host_flatten_median_s": statistics.median(flatten_s),
+        "bit_identical": True,
+        "jax_version": jax.__version__,
+    }
 
 
 def _with_minibatching(plan: tc.StackingPlan, mode: str) -> tc.StackingPlan:
@@ -222,3 +285,12 @@ def _print(r: dict[str, Any]) -> None:
         f"  generation     {r['generation_s_per_batch'] * 1e3:.1f} ms/batch (not timed)",
         file=sys.stdout,
     )
+    d = r.get("device")
+    if d is not None:
+        print(
+            f"  device ({d['backend']}, {d['device_kind']}): median {d['median_s'] * 1e3:.2f} ms"
+            f"/batch, {d['ids_per_s'] / 1e6:.1f} M IDs/s ({r['median_s'] / d['median_s']:.2f}x "
+            f"the host's speed), of which host flattening {d['host_flatten_median_s'] * 1e3:.2f}"
+            f" ms; first call {d['first_call_s']:.2f} s (compiling); bit-identical",
+            file=sys.stdout,
+        )
