@@ -18,6 +18,7 @@ from tilecore import data, ops
 from tilecore_apps._devices import with_device_count
 from tilecore_apps.bench._fused import OPTIMIZERS, bench_features, fused_step, projections
 from tilecore_apps.bench._naive import naive_inputs, naive_optimizer, naive_step
+from tilecore_apps.bench._peer import forward_bytes
 from tilecore_apps.bench._step import _argv
 from tilecore_apps.cli import main
 from tilecore_apps.cli._main import build_parser
@@ -65,7 +66,8 @@ def test_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_rerun_command_line_round_trips() -> None:
     argv = ["bench", "step", "--workload", "stacked", "--optimizer", "adam", "--devices", "4",
-            "--repeats", "3", "--json", "x.json", "--no-naive", *TINY]
+            "--repeats", "3", "--json", "x.json", "--no-naive", "--weights-dtype", "bfloat16",
+            *TINY]
     args = build_parser().parse_args(argv)
     again = build_parser().parse_args(_argv(args))
     assert vars(again) == vars(args)
@@ -125,6 +127,21 @@ def test_bench_step_runs_fbgemm_on_the_same_batches(tmp_path: Path) -> None:
     assert result["peer_step_ratio"] == pytest.approx(result["peer_step_ms"] / result["step_ms"])
     assert "fbgemm" in result["peer_versions"]
     assert 0 < result["peer_step_peak_rss_mb"] <= result["peer_peak_rss_mb"]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_tables(tmp_path: Path, dtype: str) -> None:
+    """Half the bytes per row read: the forward's bytes count 2 per value, not 4."""
+    out = tmp_path / "half.json"
+    assert main(["bench", "step", "--no-naive", "--repeats", "1", "--warmup", "1",
+                 "--weights-dtype", dtype, "--json", str(out), *TINY]) == 0
+    result = json.loads(out.read_text())
+    assert result["weights_dtype"] == dtype and result["ids_per_s"] > 0
+    features = bench_features(data.get_workload("criteo26").features, tc.SGD(),
+                              max_vocab=10, weights_dtype=dtype)
+    batch = {f.name: tc.Ragged.from_rows([[0, 1]]) for f in features}
+    dims = sum(f.table.embedding_dim for f in features)
+    assert forward_bytes(features, [batch], 1) == 2 * 2 * dims + 4 * dims
 
 
 def test_forward_bandwidth_is_reported(tmp_path: Path) -> None:

@@ -184,11 +184,12 @@ def test_a_raising_kernel_becomes_an_xla_error() -> None:
 
 
 def test_registration_happens_once_per_process() -> None:
-    _ffi.GATHER_POOL.ensure_registered()
+    f32 = np.dtype(np.float32)
+    _ffi.GATHER_POOL[f32].ensure_registered()
     handler = _ffi._REGISTERED["tilecore_gather_pool"][1]
-    _ffi.GATHER_POOL.ensure_registered()
+    _ffi.GATHER_POOL[f32].ensure_registered()
     module = importlib.reload(_ffi)  # a new FfiKernel object for the same name
-    module.GATHER_POOL.ensure_registered()
+    module.GATHER_POOL[f32].ensure_registered()
     assert module._REGISTERED["tilecore_gather_pool"][1] is handler
     clash = module.register_kernel("tilecore_gather_pool", module._gather_pool_kernel,
                                    args=[(np.float64, 2)], rets=[(np.float64, 2)])

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -51,14 +52,18 @@ def _half(spec: tc.TableSpec, dtype: Any) -> tc.TableSpec:
     return dataclasses.replace(spec, weights_dtype=dtype)
 
 
-# bfloat16 a and b stack (dims 5 and 7 pad to 8); float16 c and float32 d stand alone.
+# bfloat16 a and b stack (dims 13 and 15 pad to 16: one 16-lane vector per row in the CPU
+# kernels); float16 c (20 pads to 24: a vector and 8 single lanes), bfloat16 e (single lanes
+# only) and float32 d stand alone.
 MIXED = Case(
     "half-mixed",
-    (_half(table("a", 61, 5, "mean", limits=5), jnp.bfloat16),
-     _half(table("b", 35, 7, "mean", limits=4), jnp.bfloat16),
-     _half(table("c", 40, 6, optimizer=tc.Adam(learning_rate=0.01)), jnp.float16),
-     table("d", 30, 8, optimizer=tc.SGD(learning_rate=0.3))),
-    (("fa0", "a", 32), ("fa1", "a", 32), ("fb", "b", 32), ("fc", "c", 32), ("fd", "d", 32)),
+    (_half(table("a", 61, 13, "mean", limits=5), jnp.bfloat16),
+     _half(table("b", 35, 15, "mean", limits=4), jnp.bfloat16),
+     _half(table("c", 40, 20, optimizer=tc.Adam(learning_rate=0.01)), jnp.float16),
+     table("d", 30, 8, optimizer=tc.SGD(learning_rate=0.3)),
+     _half(table("e", 25, 3, "sqrtn", optimizer=tc.FTRL()), jnp.bfloat16)),
+    (("fa0", "a", 32), ("fa1", "a", 32), ("fb", "b", 32), ("fc", "c", 32), ("fd", "d", 32),
+     ("fe", "e", 32)),
     weighted=("fa1", "fb", "fc"), allow_id_dropping=True, seed=11,
 )
 
@@ -157,7 +162,7 @@ def _accumulate(dtype: Any, seed: int, steps: int = 32, devices: int = 1, mesh: 
 def test_small_updates_add_up(dtype: Any, kernels: str) -> None:
     """32 updates of +gap/4 from 1.0: the mean is 1 + 8 gaps within 6σ (σ ≈ 0.054 gap
     over 2048 values); round-to-nearest would leave every value at 1.0."""
-    del kernels  # both settings: half-precision stacks take the XLA wing either way
+    del kernels  # both settings: the CPU kernels read and write 16-bit rows themselves
     gap = float(half_ulp_gap(1.0, dtype))
     values = _accumulate(dtype, seed=3)
     assert abs((values.mean() - 1.0) / gap - 8.0) < 6 * np.sqrt(32 * 0.25 * 0.75 / values.size)
@@ -251,13 +256,28 @@ def check_half_against_oracle(case: Case, run: list[dict[str, Any]], devices: in
 def test_plan_keeps_dtypes_apart() -> None:
     plan = MIXED.plan()
     dtypes = {s.table_names: s.weights_dtype.name for s in plan.stacks.values()}
-    assert dtypes == {("a", "b"): "bfloat16", ("c",): "float16", ("d",): "float32"}
+    assert dtypes == {("a", "b"): "bfloat16", ("c",): "float16", ("d",): "float32",
+                      ("e",): "bfloat16"}
 
 
 def test_ops_match_float32_oracle(kernels: str) -> None:
-    """Both kernel settings (the float32 stack runs in the CPU wing under ffi)."""
     del kernels
     check_half_against_oracle(MIXED, _half_run(MIXED))
+
+
+def test_cpu_kernels_serve_half_tables(kernels: str) -> None:
+    """Under ffi the half stacks' lookup and update call the 16-bit CPU kernels."""
+    plan = MIXED.plan()
+    batch, _ = preprocess(plan, *MIXED.batch(0))
+    variables = ops.init_tables(plan, jax.random.key(0))
+    grads = {f: jnp.asarray(g) for f, g in MIXED.activation_grads(0).items()}
+    text = (jax.jit(lambda b, v: ops.lookup(plan, b, v)).lower(batch, variables).as_text()
+            + jax.jit(lambda b, v: ops.lookup_grad(plan, b, v, grads, 0)).lower(
+                batch, variables).as_text())
+    calls = set(re.findall(r"custom_call @(tilecore_\w+)", text))
+    half = {f"tilecore_{op}_{suffix}" for op in ("lookup_buffers", "gather_rows", "scatter_rows")
+            for suffix in ("bf16", "f16")}
+    assert half <= calls if kernels == "ffi" else not calls, calls
 
 
 def test_a_float32_table_for_a_half_stack_is_refused() -> None:
@@ -297,18 +317,24 @@ def worker(out: Path) -> None:
     np.savez(out / "again.npz", **{f"{t}/{s}": a[0] for t, seen in enumerate(again)
                                    for s, a in seen["after"].items()})
     np.save(out / "accumulate.npy", _accumulate(jnp.bfloat16, 3, 32, devices=2, mesh=mesh))
+    from tilecore.ops._backend import wing
+
+    assert wing().name == {"ffi": "cpu", "xla": "xla"}[os.environ["TILECORE_KERNELS"]]
 
 
-@pytest.fixture(scope="module")
-def two_devices(made_once: Callable[[str, Callable[[Path], object]], Path]) -> Path:
+@pytest.fixture(scope="module", params=["ffi", "xla"])
+def two_devices(request: pytest.FixtureRequest,
+                made_once: Callable[[str, Callable[[Path], object]], Path]) -> Path:
+    """The worker's results on a 2-device mesh with the CPU kernels (ffi) or XLA's."""
     def run(out: Path) -> None:
-        env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=" ".join(
-            [os.environ.get("XLA_FLAGS", ""), "--xla_force_host_platform_device_count=2"]))
+        env = dict(os.environ, JAX_PLATFORMS="cpu", TILECORE_KERNELS=request.param,
+                   XLA_FLAGS=" ".join([os.environ.get("XLA_FLAGS", ""),
+                                       "--xla_force_host_platform_device_count=2"]))
         done = subprocess.run([sys.executable, __file__, str(out)], env=env, text=True,
                               capture_output=True, timeout=600, check=False)
         assert done.returncode == 0, f"worker failed:\n{done.stdout}\n{done.stderr}"
 
-    return made_once("ops-half-two-devices", run)
+    return made_once(f"ops-half-two-devices-{request.param}", run)
 
 
 def _load_run(path: Path) -> list[dict[str, Any]]:

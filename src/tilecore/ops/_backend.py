@@ -50,7 +50,7 @@ class Wing:
         `Σ gain · grads[sample]` per distinct row of the valid entries.
       apply_update: `(variables, rows, sums, spec, step, clip, count, rounding) ->
         variables`, the optimizer on the listed rows (see `_sparse_update`; `rounding`
-        is None but for half-precision tables, which only the XLA wing updates).
+        is None but for half-precision tables).
       lookup_local: `(flat, table, layout, num_minibatches) -> [S·samples, dim]`,
         one device's activations straight from its own buffers (no mesh).
       update_local: `(flat, grads, variables, layout, spec, step, clip,
@@ -101,26 +101,9 @@ def wing() -> Wing:
 
 
 def lookup_wing(layout: StackLayout) -> Wing:
-    """The wing a stack's lookup runs in: quantized and half-precision tables always
-    take XLA's (the CPU kernels pool float32 rows, unquantized)."""
-    if layout.quantization is not None or layout.half:
-        from .xla import WING as XLA
-
-        return XLA
-    return wing()
-
-
-def update_wing(layout: StackLayout) -> Wing:
-    """The wing a stack's update runs in: half-precision tables (bfloat16, float16)
-    always take XLA's.
-
-    The CPU kernels read and write float32 rows through typed FFI buffers. XLA's ops
-    already gather 16-bit rows, upcast, and round on the way back (`_rounding`), and
-    do so bit-identically on every backend, so a half-precision stack is sent here
-    rather than given a second implementation of the rounding in numba that could
-    drift from the first.
-    """
-    if layout.half:
+    """The wing a stack's lookup runs in: quantized tables always take XLA's (the CPU
+    kernels pool full-precision rows)."""
+    if layout.quantization is not None:
         from .xla import WING as XLA
 
         return XLA

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from ..preprocessing import StackBuffers
 from ..specs import OptimizerSpec
-from ._backend import FlatBuffers, Wing, lookup_wing, update_wing
+from ._backend import FlatBuffers, Wing, lookup_wing, wing
 from ._contract import check_buffers, check_grads, check_table, check_table_dtype, check_variables
 from ._layout import StackLayout
 from ._minibatching import MAX_MINIBATCHES, minibatch_windows
@@ -140,7 +140,7 @@ def lookup_grad_stack(buffers: StackBuffers, grads: jax.Array, variables: Embedd
     drawn from `rounding_seed`, the stack, the step and each value's global row and
     column (`_rounding`).
     """
-    kernels = update_wing(layout)
+    kernels = wing()
     flat = flat_buffers(buffers)
     check_buffers(flat, layout)
     check_variables(variables, layout, optimizer)

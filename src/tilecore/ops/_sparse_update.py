@@ -16,15 +16,27 @@ import jax.numpy as jnp
 from ..optimizers import update_rule
 from ..specs import OptimizerSpec
 from ..specs._weights_dtype import is_half
-from ._rounding import Rounding, rounding_bits, stochastic_round
+from ._rounding import (
+    Rounding,
+    as_bits,
+    from_bits,
+    moves_as_bits,
+    rounding_bits,
+    stochastic_round,
+)
 from ._variables import EmbeddingVariables
 
 
 def _xla_gather(array: jax.Array, rows: jax.Array) -> jax.Array:
+    if moves_as_bits(array.dtype):  # see `_rounding.moves_as_bits`
+        return from_bits(as_bits(array).at[rows].get(mode="clip"), array.dtype)
     return array.at[rows].get(mode="clip")
 
 
 def _xla_scatter(array: jax.Array, rows: jax.Array, values: jax.Array) -> jax.Array:
+    if moves_as_bits(array.dtype):
+        written = as_bits(array).at[rows].set(as_bits(values), mode="drop", unique_indices=True)
+        return from_bits(written, array.dtype)
     return array.at[rows].set(values, mode="drop", unique_indices=True)
 
 

@@ -58,9 +58,10 @@ def lean_init(key: jax.Array, shape: Sequence[int], dtype: Any = jnp.float32) ->
 
 def bench_features(
     features: Sequence[tc.FeatureSpec], optimizer: tc.OptimizerSpec, *, max_vocab: int | None,
-    initializer: Callable[..., jax.Array] = uniform_init,
+    initializer: Callable[..., jax.Array] = uniform_init, weights_dtype: Any = "float32",
 ) -> list[tc.FeatureSpec]:
-    """The workload's features with `optimizer` and `initializer` on every table.
+    """The workload's features with `optimizer`, `initializer` and `weights_dtype` on
+    every table.
 
     `max_vocab` caps every vocabulary (tiny test runs; IDs are then taken modulo it).
     """
@@ -72,6 +73,7 @@ def bench_features(
             vocab = feature.table.vocab_size
             tables[name] = dataclasses.replace(
                 feature.table, optimizer=optimizer, initializer=initializer,
+                weights_dtype=weights_dtype,
                 vocab_size=vocab if max_vocab is None else min(vocab, max_vocab),
             )
         out.append(dataclasses.replace(feature, table=tables[name]))

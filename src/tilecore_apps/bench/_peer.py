@@ -96,8 +96,8 @@ def copy_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
 
 def forward_bytes(features: Sequence[tc.FeatureSpec], batches: Sequence[Mapping[str, tc.Ragged]],
                   batch_size: int) -> float:
-    """Mean bytes a forward pass must move: each ID's float32 row read once, each
-    activation written once."""
-    reads = np.mean([sum(len(b[f.name].values) * f.table.embedding_dim for f in features)
-                     for b in batches])
-    return 4 * (float(reads) + batch_size * sum(f.table.embedding_dim for f in features))
+    """Mean bytes a forward pass must move: each ID's row read once (in its table's
+    `weights_dtype`), each float32 activation written once."""
+    reads = np.mean([sum(len(b[f.name].values) * f.table.embedding_dim
+                         * f.table.weights_dtype.itemsize for f in features) for b in batches])
+    return float(reads) + 4 * batch_size * sum(f.table.embedding_dim for f in features)

@@ -14,6 +14,7 @@ import numpy as np
 
 import tilecore as tc
 from tilecore import data
+from tilecore.specs import WEIGHTS_DTYPES
 
 from .._common import (
     add_threads_option,
@@ -30,6 +31,7 @@ from ._timing import median_seconds
 DEFAULT_AXIS = "sparsecore"  # tilecore.ops.DEFAULT_AXIS (not imported: it loads JAX)
 
 OPTIMIZER_NAMES = ("sgd", "adagrad", "adagrad_momentum", "adam", "ftrl", "laprop")
+WEIGHTS_DTYPE_NAMES = tuple(d.name for d in WEIGHTS_DTYPES)
 
 
 def add_parser(kinds: Any) -> None:
@@ -69,6 +71,11 @@ def add_parser(kinds: Any) -> None:
     p.add_argument("--minibatch-split", type=int, default=1, metavar="F",
                    help="with --minibatching: divide every stack's per-partition limits by F "
                         "(after calibration), so batches split into minibatches (default 1)")
+    p.add_argument("--weights-dtype", default="float32", choices=WEIGHTS_DTYPE_NAMES,
+                   help="storage of every table (TableSpec weights_dtype; default float32): "
+                        "bfloat16 or float16 halve the bytes of each looked-up row and write "
+                        "updated rows with stochastic rounding. The naive step keeps float32 "
+                        "tables")
     p.add_argument("--no-naive", action="store_true", help="skip the naive step")
     p.add_argument("--peer-python", type=Path, default=None, metavar="PYTHON",
                    help="also time FBGEMM's table-batched embeddings (forward, and the step "
@@ -91,7 +98,8 @@ def _argv(args: argparse.Namespace) -> list[str]:
             "--devices", str(args.devices), "--sc-per-device", str(args.sc_per_device),
             "--repeats", str(args.repeats), "--warmup", str(args.warmup),
             "--batches", str(args.batches), "--headroom", str(args.headroom),
-            "--seed", str(args.seed), "--minibatch-split", str(args.minibatch_split)]
+            "--seed", str(args.seed), "--minibatch-split", str(args.minibatch_split),
+            "--weights-dtype", args.weights_dtype]
     for flag, value in (("--threads", args.threads), ("--json", args.json),
                         ("--peer-python", args.peer_python),
                         ("--batch-size", args.batch_size), ("--max-vocab", args.max_vocab)):
@@ -116,6 +124,9 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError(f"bench step: --threads must be >= 1, got {args.threads}.")
     if args.max_vocab is not None and args.max_vocab < 1:
         raise ValueError(f"bench step: --max-vocab must be >= 1, got {args.max_vocab}.")
+    if args.peer_python is not None and args.weights_dtype != "float32":
+        raise ValueError(f"bench step: --peer-python compares float32 tables; drop it or "
+                         f"--weights-dtype {args.weights_dtype}.")
     if args.peer_python is not None:
         from ._peer import check_peer
 
@@ -151,7 +162,8 @@ def run(args: argparse.Namespace) -> int:
     sizes = {} if args.batch_size is None else {"batch_size": args.batch_size}
     workload = data.get_workload(args.workload, seed=args.seed, **sizes)
     optimizer = OPTIMIZERS[args.optimizer]()
-    features = bench_features(workload.features, optimizer, max_vocab=args.max_vocab)
+    features = bench_features(workload.features, optimizer, max_vocab=args.max_vocab,
+                              weights_dtype=args.weights_dtype)
     topology = tc.Topology(global_devices=args.devices, sc_per_device=args.sc_per_device)
     plan = tc.plan_stacking(features, topology)
     threads = effective_threads(args.threads)
@@ -258,6 +270,7 @@ def _result(args: argparse.Namespace, batch_size: int, stacks: int, forward_s: f
 
     result: dict[str, Any] = {
         "workload": args.workload, "optimizer": args.optimizer, "devices": args.devices,
+        "weights_dtype": args.weights_dtype,
         "sc_per_device": args.sc_per_device, "backend": jax.default_backend(),
         "batch_size": batch_size, "max_vocab": args.max_vocab, "stacks": stacks,
         "batches": args.batches, "forward_ms": forward_s * 1e3, "step_ms": step_s * 1e3,
@@ -283,7 +296,7 @@ def _print(r: dict[str, Any]) -> None:
     lines = [
         f"bench step: workload={r['workload']} optimizer={r['optimizer']} devices={r['devices']}"
         f"x{r['sc_per_device']} backend={r['backend']} batch={r['batch_size']} "
-        f"stacks={r['stacks']}"
+        f"stacks={r['stacks']} tables={r['weights_dtype']}"
         + (f" minibatches={r['num_minibatches']}" if r["minibatching"] else ""),
         f"  {r['ids_per_batch'] / 1e6:.3f} M IDs/batch ({r['dropped_ids']} dropped), median of "
         f"{r['repeats']} calls after {r['warmup']} warm-up, over {r['batches']} batches",

@@ -3,6 +3,12 @@
 XLA's CPU gathers, scatters and sorts cost 80–300 ns per row; these loops do the
 same work at memory speed. `WING` is what `tilecore.ops._backend` hands the shared
 ops when `unavailable_reason()` is None on the CPU backend.
+
+Half-precision tables (bfloat16, float16) are read and written as 16-bit values: the
+kernels see them as uint16 and widen rows to float32 in vector registers while pooling
+(`_vector.add_scaled_from`); their updates gather and scatter 16-bit rows with the
+kernels and run the rule and the stochastic rounding in JAX on chunks of rows
+(`_wing.apply_update`), the one implementation of the rounding both wings share.
 """
 
 from ._ffi import unavailable_reason as unavailable_reason

@@ -40,6 +40,7 @@ from functools import cache
 from typing import Any
 
 import jax
+import ml_dtypes
 import numba
 import numpy as np
 from numba import types
@@ -60,6 +61,7 @@ from ._ffi_abi import (  # noqa: F401  (generated handlers use these names)
     _ERR_INVALID_ARGUMENT,
     _EXT_TYPE,
     _EXTENSION_METADATA,
+    _HALF_FLOATS,
     _MD_MAJOR,
     _MD_MINOR,
     _MD_SIZE,
@@ -96,7 +98,7 @@ from ._ffi_abi import (  # noqa: F401  (generated handlers use these names)
     _struct_size,
     _voidptr,
 )
-from ._vector import add_scaled, copy_table, row_address
+from ._vector import BFLOAT16, FLOAT16, FLOAT32, add_scaled_from, copy_table, row_address
 
 # --------------------------------------------------------------------------------------
 # Handler generation and registration.
@@ -121,7 +123,8 @@ def _handler_source(name: str, args: Sequence[tuple[np.dtype, int]],
                       f"    if not _buffer_ok({var}, {_DTYPE_CODES[dtype]}, {ndim}):",
                       f"        return _make_error(api, {_ERR_INVALID_ARGUMENT}, {message!r})"]
             shape = ", ".join(f"_dim({var}, {axis})" for axis in range(ndim))
-            views.append(f"numba.carray(_data({var}), ({shape},), np.{dtype.name})")
+            view = "uint16" if dtype in _HALF_FLOATS else dtype.name
+            views.append(f"numba.carray(_data({var}), ({shape},), np.{view})")
     lines += ["    try:",  # an escaping numba exception would otherwise read as success
               f"        status = _kernel({', '.join(views)})",
               "    except Exception:",
@@ -277,6 +280,23 @@ _kernel_jit = njit(nogil=True, cache=True, error_model="numpy", boundscheck=Fals
 @_kernel_jit
 def _gather_pool_kernel(table, row, seg, w, out):
     """out[seg[i]] += w[i] * table[row[i]]; entries with seg or row out of range are skipped."""
+    return _gather_pool(table, row, seg, w, out, FLOAT32)
+
+
+@_kernel_jit
+def _gather_pool_bf16(table, row, seg, w, out):
+    """`_gather_pool_kernel` of a bfloat16 table (its uint16 bits)."""
+    return _gather_pool(table, row, seg, w, out, BFLOAT16)
+
+
+@_kernel_jit
+def _gather_pool_f16(table, row, seg, w, out):
+    """`_gather_pool_kernel` of a float16 table (its uint16 bits)."""
+    return _gather_pool(table, row, seg, w, out, FLOAT16)
+
+
+@_kernel_jit
+def _gather_pool(table, row, seg, w, out, source_format):
     num_rows, dim = table.shape
     num_segments = out.shape[0]
     if out.shape[1] != dim:
@@ -286,7 +306,7 @@ def _gather_pool_kernel(table, row, seg, w, out):
         s, r = seg[i], row[i]
         if s < 0 or s >= num_segments or r < 0 or r >= num_rows:
             continue
-        add_scaled(row_address(out, s), row_address(table, r), w[i], dim)
+        add_scaled_from(row_address(out, s), row_address(table, r), w[i], dim, source_format)
     return 0
 
 
@@ -307,9 +327,12 @@ def _scatter_add_rows_kernel(table, rows, delta, out):
 
 
 _f32, _i32t = np.float32, np.int32
-GATHER_POOL = register_kernel("tilecore_gather_pool", _gather_pool_kernel,
-                              args=[(_f32, 2), (_i32t, 1), (_i32t, 1), (_f32, 1)],
-                              rets=[(_f32, 2)])
+GATHER_POOL = {np.dtype(t): register_kernel(
+    f"tilecore_gather_pool{suffix}", kernel, args=[(t, 2), (_i32t, 1), (_i32t, 1), (_f32, 1)],
+    rets=[(_f32, 2)]) for suffix, t, kernel in (
+        ("", _f32, _gather_pool_kernel), ("_bf16", ml_dtypes.bfloat16, _gather_pool_bf16),
+        ("_f16", np.float16, _gather_pool_f16))}
+"""Table dtype → the pooling kernel of its rows (float32, bfloat16, float16)."""
 SCATTER_ADD_ROWS = register_kernel("tilecore_scatter_add_rows", _scatter_add_rows_kernel,
                                    args=[(_f32, 2), (_i32t, 1), (_f32, 2)], rets=[(_f32, 2)])
 
@@ -321,8 +344,8 @@ def gather_pool(table: jax.Array, row: jax.Array, seg: jax.Array, w: jax.Array,
     Entries with `seg` outside `[0, num_segments)` (e.g. -1 padding) or `row` outside
     the table contribute nothing.
     """
-    out = jax.ShapeDtypeStruct((num_segments, table.shape[1]), table.dtype)
-    return GATHER_POOL(table, row, seg, w, results=[out])[0]
+    out = jax.ShapeDtypeStruct((num_segments, table.shape[1]), np.float32)
+    return GATHER_POOL[np.dtype(table.dtype)](table, row, seg, w, results=[out])[0]
 
 
 def scatter_add_rows(table: jax.Array, rows: jax.Array, delta: jax.Array) -> jax.Array:

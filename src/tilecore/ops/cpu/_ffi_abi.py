@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
+import ml_dtypes
 import numba
 import numpy as np
 from llvmlite import ir
@@ -121,8 +122,11 @@ _DTYPE_CODES = {  # numpy dtype -> XLA_FFI_DataType
     np.dtype(np.bool_): 1, np.dtype(np.int8): 2, np.dtype(np.int16): 3, np.dtype(np.int32): 4,
     np.dtype(np.int64): 5, np.dtype(np.uint8): 6, np.dtype(np.uint16): 7,
     np.dtype(np.uint32): 8, np.dtype(np.uint64): 9, np.dtype(np.float16): 10,
-    np.dtype(np.float32): 11, np.dtype(np.float64): 12,
+    np.dtype(np.float32): 11, np.dtype(np.float64): 12, np.dtype(ml_dtypes.bfloat16): 16,
 }
+_HALF_FLOATS = frozenset({np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)})
+"""16-bit floats: kernels see them as uint16 arrays (numba has no bfloat16, and converts
+them explicitly: `_vector.add_scaled_half`)."""
 
 # --------------------------------------------------------------------------------------
 # Raw memory access for numba: addresses are int64.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 
 from ..._numba import njit
@@ -16,7 +17,15 @@ from ...preprocessing._packed import run_bounds
 from .._backend import FlatBuffers
 from .._layout import StackLayout
 from ._ffi import register_kernel
-from ._vector import add_scaled, copy_table, row_address
+from ._vector import (
+    BFLOAT16,
+    FLOAT16,
+    FLOAT32,
+    add_scaled,
+    add_scaled_from,
+    copy_table,
+    row_address,
+)
 
 _jit = njit(nogil=True, cache=True, error_model="numpy", boundscheck=False)
 
@@ -126,6 +135,29 @@ def _lookup_buffers_kernel(layout, which, row_pointers, embedding_ids, sample_id
                            out):
     """One device's pooled activations straight from its packed buffers, summed over the
     `which[1]` minibatches of minibatched buffers (a plain layout has one pass)."""
+    return _lookup_buffers(layout, which, row_pointers, embedding_ids, sample_ids, gains, table,
+                           out, FLOAT32)
+
+
+@_jit
+def _lookup_buffers_bf16(layout, which, row_pointers, embedding_ids, sample_ids, gains, table,
+                         out):
+    """`_lookup_buffers_kernel` of a bfloat16 table (its uint16 bits)."""
+    return _lookup_buffers(layout, which, row_pointers, embedding_ids, sample_ids, gains, table,
+                           out, BFLOAT16)
+
+
+@_jit
+def _lookup_buffers_f16(layout, which, row_pointers, embedding_ids, sample_ids, gains, table,
+                        out):
+    """`_lookup_buffers_kernel` of a float16 table (its uint16 bits)."""
+    return _lookup_buffers(layout, which, row_pointers, embedding_ids, sample_ids, gains, table,
+                           out, FLOAT16)
+
+
+@_jit
+def _lookup_buffers(layout, which, row_pointers, embedding_ids, sample_ids, gains, table, out,
+                    source_format):
     rows_per_shard, samples = layout[3], layout[4]
     dim = table.shape[1]
     out[:] = 0.0
@@ -140,8 +172,9 @@ def _lookup_buffers_kernel(layout, which, row_pointers, embedding_ids, sample_id
                     if not entry_in_range(embedding_ids[j], sample_ids[j], rows_per_shard,
                                           samples):
                         continue
-                    add_scaled(row_address(out, s * samples + sample_ids[j]),
-                               row_address(table, base + embedding_ids[j]), gains[j], dim)
+                    add_scaled_from(row_address(out, s * samples + sample_ids[j]),
+                                    row_address(table, base + embedding_ids[j]), gains[j], dim,
+                                    source_format)
     return 0
 
 
@@ -177,14 +210,20 @@ def _row_gradients_buffers_kernel(layout, which, row_pointers, embedding_ids, sa
 
 
 _f32, _i32 = np.float32, np.int32
-GATHER_ROWS = register_kernel("tilecore_gather_rows", _gather_rows_kernel,
-                              args=[(_f32, 2), (_i32, 1)], rets=[(_f32, 2)])
-SCATTER_ROWS = register_kernel("tilecore_scatter_rows", _scatter_rows_kernel,
-                               args=[(_f32, 2), (_i32, 1), (_f32, 2)], rets=[(_f32, 2)])
-LOOKUP_BUFFERS = register_kernel(
-    "tilecore_lookup_buffers", _lookup_buffers_kernel,
-    args=[(_i32, 1), (_i32, 1), (_i32, 1), (_i32, 1), (_i32, 1), (_f32, 1), (_f32, 2)],
-    rets=[(_f32, 2)])
+_TABLE_DTYPES = {"": np.dtype(np.float32), "_bf16": np.dtype(ml_dtypes.bfloat16),
+                 "_f16": np.dtype(np.float16)}
+"""Suffix of a kernel's FFI name → the table dtype it serves (`TableSpec.weights_dtype`)."""
+GATHER_ROWS = {t: register_kernel(f"tilecore_gather_rows{k}", _gather_rows_kernel,
+                                  args=[(t, 2), (_i32, 1)], rets=[(t, 2)])
+               for k, t in _TABLE_DTYPES.items()}
+SCATTER_ROWS = {t: register_kernel(f"tilecore_scatter_rows{k}", _scatter_rows_kernel,
+                                   args=[(t, 2), (_i32, 1), (t, 2)], rets=[(t, 2)])
+                for k, t in _TABLE_DTYPES.items()}
+LOOKUP_BUFFERS = {t: register_kernel(
+    f"tilecore_lookup_buffers{k}", kernel,
+    args=[(_i32, 1), (_i32, 1), (_i32, 1), (_i32, 1), (_i32, 1), (_f32, 1), (t, 2)],
+    rets=[(_f32, 2)]) for (k, t), kernel in zip(_TABLE_DTYPES.items(), (
+        _lookup_buffers_kernel, _lookup_buffers_bf16, _lookup_buffers_f16), strict=True)}
 ROW_GRADIENTS_BUFFERS = register_kernel(
     "tilecore_row_gradients_buffers", _row_gradients_buffers_kernel,
     args=[(_i32, 1), (_i32, 1), (_i32, 1), (_i32, 1), (_i32, 1), (_f32, 1), (_f32, 2)],
@@ -197,13 +236,14 @@ ROW_GRADIENTS = register_kernel("tilecore_row_gradients", _row_gradients_kernel,
 def gather_rows(table: jax.Array, rows: jax.Array) -> jax.Array:
     """`table[rows]` with zeros for out-of-range rows."""
     out = jax.ShapeDtypeStruct((rows.shape[0], table.shape[1]), table.dtype)
-    return GATHER_ROWS(table, rows, results=[out])[0]
+    return GATHER_ROWS[np.dtype(table.dtype)](table, rows, results=[out])[0]
 
 
 def scatter_rows(table: jax.Array, rows: jax.Array, values: jax.Array) -> jax.Array:
     """`table.at[rows].set(values, mode="drop")`, in place when `table` is donated."""
     out = jax.ShapeDtypeStruct(table.shape, table.dtype)
-    return SCATTER_ROWS(table, rows, values, results=[out], input_output_aliases={0: 0})[0]
+    return SCATTER_ROWS[np.dtype(table.dtype)](table, rows, values, results=[out],
+                                               input_output_aliases={0: 0})[0]
 
 
 def row_gradients(rows: jax.Array, samples: jax.Array, gains: jax.Array, grads: jax.Array
@@ -247,8 +287,8 @@ def lookup_buffers(flat: FlatBuffers, table: jax.Array, layout: StackLayout,
     (summed over every minibatch of minibatched ones)."""
     out = jax.ShapeDtypeStruct((layout.sc_per_device * layout.samples_per_sc, table.shape[1]),
                                np.float32)
-    return LOOKUP_BUFFERS(layout_array(layout), passes(num_minibatches), *flat, table,
-                          results=[out])[0]
+    return LOOKUP_BUFFERS[np.dtype(table.dtype)](layout_array(layout), passes(num_minibatches),
+                                                 *flat, table, results=[out])[0]
 
 
 def row_gradients_buffers(flat: FlatBuffers, grads: jax.Array, layout: StackLayout,

@@ -28,13 +28,30 @@ LANES = 16
 """float32 lanes of one vector operation (one AVX-512 register; two AVX2 ones)."""
 
 
-def _axpy_codegen(lanes: int) -> Callable[..., Any]:
+def _widened(builder: Any, address: Any, lanes: int, source: str) -> Any:
+    """`lanes` values at `address` as float32 (a vector, or a scalar for 1 lane): float32
+    loaded as is, bfloat16 bits shifted into the high half of a float32, float16 widened
+    by the CPU's conversion (exact: every half value is a float32)."""
+    def of(element: Any) -> Any:
+        return ir.VectorType(element, lanes) if lanes > 1 else element
+
+    if source == "f32":
+        return builder.load(builder.inttoptr(address, of(ir.FloatType()).as_pointer()), align=4)
+    if source == "f16":
+        half = builder.load(builder.inttoptr(address, of(ir.HalfType()).as_pointer()), align=2)
+        return builder.fpext(half, of(ir.FloatType()))
+    bits = builder.load(builder.inttoptr(address, of(ir.IntType(16)).as_pointer()), align=2)
+    wide = builder.zext(bits, of(ir.IntType(32)))
+    sixteen = ir.Constant(of(ir.IntType(32)), [16] * lanes if lanes > 1 else 16)
+    return builder.bitcast(builder.shl(wide, sixteen), of(ir.FloatType()))
+
+
+def _axpy_codegen(lanes: int, source_format: str = "f32") -> Callable[..., Any]:
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         f32 = ir.FloatType()
         kind = ir.VectorType(f32, lanes) if lanes > 1 else f32
         destination = builder.inttoptr(args[0], kind.as_pointer())
-        source = builder.inttoptr(args[1], kind.as_pointer())
-        scaled = builder.load(source, align=4)
+        scaled = _widened(builder, args[1], lanes, source_format)
         gain = args[2]
         if lanes > 1:
             gain = builder.insert_element(ir.Constant(kind, ir.Undefined), gain,
@@ -61,6 +78,28 @@ def _axpy1(typingctx, destination, source, gain):
     return types.none(types.int64, types.int64, types.float32), _axpy_codegen(1)
 
 
+@_intrinsic
+def _axpy16_bf16(typingctx, destination, source, gain):
+    """`dst[0:16] += gain · src[0:16]`, `src` bfloat16 (as uint16 bits)."""
+    return types.none(types.int64, types.int64, types.float32), _axpy_codegen(LANES, "bf16")
+
+
+@_intrinsic
+def _axpy1_bf16(typingctx, destination, source, gain):
+    return types.none(types.int64, types.int64, types.float32), _axpy_codegen(1, "bf16")
+
+
+@_intrinsic
+def _axpy16_f16(typingctx, destination, source, gain):
+    """`dst[0:16] += gain · src[0:16]`, `src` float16."""
+    return types.none(types.int64, types.int64, types.float32), _axpy_codegen(LANES, "f16")
+
+
+@_intrinsic
+def _axpy1_f16(typingctx, destination, source, gain):
+    return types.none(types.int64, types.int64, types.float32), _axpy_codegen(1, "f16")
+
+
 _jit = njit(nogil=True, cache=True, error_model="numpy", boundscheck=False)
 
 
@@ -75,6 +114,31 @@ def add_scaled(destination, source, gain, width):
         _axpy16(destination + offset, source + offset, gain)
     for offset in range(end, width * 4, 4):
         _axpy1(destination + offset, source + offset, gain)
+
+
+FLOAT32, BFLOAT16, FLOAT16 = 0, 1, 2
+"""Formats of a table's rows (`add_scaled_from`'s `source_format`)."""
+
+
+@_jit
+def add_scaled_from(destination, source, gain, width, source_format):
+    """`add_scaled` from a row stored as float32, bfloat16 or float16 (2-byte values at
+    `source`), widened to float32 lane by lane: the same sums as from the float32 row."""
+    if source_format == FLOAT32:
+        add_scaled(destination, source, gain, width)
+        return
+    gain = numba.float32(gain)
+    end = width - width % LANES
+    for k in range(0, end, LANES):
+        if source_format == BFLOAT16:
+            _axpy16_bf16(destination + 4 * k, source + 2 * k, gain)
+        else:
+            _axpy16_f16(destination + 4 * k, source + 2 * k, gain)
+    for k in range(end, width):
+        if source_format == BFLOAT16:
+            _axpy1_bf16(destination + 4 * k, source + 2 * k, gain)
+        else:
+            _axpy1_f16(destination + 4 * k, source + 2 * k, gain)
 
 
 @_jit

@@ -45,10 +45,11 @@ def apply_update(variables: EmbeddingVariables, rows: jax.Array, sums: jax.Array
                  ) -> EmbeddingVariables:
     """The optimizer on the `count` leading rows only: in one fused pass when the rule
     is elementwise, else with JAX a chunk at a time (work and memory follow the
-    touched rows, not the padded list). Float32 tables only: `_backend.update_wing`
-    sends half-precision tables to the XLA wing."""
-    assert rounding is None
-    kernels = fused_kernels(spec)
+    touched rows, not the padded list). A half-precision table (`rounding` given)
+    takes the chunks: its rows are gathered and scattered as 16-bit values by the
+    kernels, the rule and the stochastic rounding run in JAX on the chunk
+    (`_sparse_update.updated`, the XLA wing's arithmetic)."""
+    kernels = fused_kernels(spec) if rounding is None else None
     if kernels is not None:
         return fused_update_rows(kernels, variables, rows, sums, spec, step, clip, count)
     real = jnp.int32(rows.shape[0]) if count is None else count
@@ -63,7 +64,7 @@ def apply_update(variables: EmbeddingVariables, rows: jax.Array, sums: jax.Array
         part_rows = jnp.where(mine, jax.lax.dynamic_slice_in_dim(rows, start, chunk), -1)
         part_sums = jax.lax.dynamic_slice_in_dim(sums, start, chunk)
         return updated(variables, part_rows, part_sums, spec, step, clip, gather_rows,
-                       scatter_rows)
+                       scatter_rows, rounding)
 
     return jax.lax.fori_loop(0, (real + chunk - 1) // chunk, body, variables)
 
@@ -79,10 +80,9 @@ def _update_local(flat: FlatBuffers, grads: jax.Array, variables: EmbeddingVaria
                   rounding: Rounding | None = None) -> EmbeddingVariables:
     """One device's update; minibatched buffers one minibatch at a time (the optimizer
     runs once per minibatch, as on the reference system). An elementwise rule runs
-    fused with the gradient sums, one pass over the sorted buffers. Float32 tables
-    only (see `apply_update`)."""
-    assert rounding is None
-    kernels = fused_kernels(spec)
+    fused with the gradient sums, one pass over the sorted buffers; a half-precision
+    table's rule runs in chunks (see `apply_update`)."""
+    kernels = fused_kernels(spec) if rounding is None else None
     if kernels is not None:
         if not layout.minibatched:
             return fused_update_buffers(kernels, flat, grads, variables, layout, spec, step,
@@ -95,12 +95,12 @@ def _update_local(flat: FlatBuffers, grads: jax.Array, variables: EmbeddingVaria
         return jax.lax.fori_loop(0, num_minibatches, fused, variables)
     if not layout.minibatched:
         unique, sums, count = row_gradients_buffers(flat, grads, layout)
-        return apply_update(variables, unique, sums, spec, step, clip, count)
+        return apply_update(variables, unique, sums, spec, step, clip, count, rounding)
 
     def body(minibatch: jax.Array, variables: EmbeddingVariables) -> EmbeddingVariables:
         unique, sums, count = row_gradients_buffers(flat, grads, layout, minibatch,
                                                     num_minibatches)
-        return apply_update(variables, unique, sums, spec, step, clip, count)
+        return apply_update(variables, unique, sums, spec, step, clip, count, rounding)
 
     return jax.lax.fori_loop(0, num_minibatches, body, variables)
 
