@@ -6,6 +6,7 @@ modules or xdist workers share."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import fcntl
 import os
 import shutil
@@ -13,14 +14,28 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-# One JAX compilation cache for the whole session: the xdist workers and the subprocesses
-# the tests start inherit it from the process that made it (JAX reads it on import), so a
-# program compiled in one process is loaded, not compiled again, in the others.
+# One JAX compilation cache for the session and the sessions after it, as numba's cache
+# is for the kernels: the xdist workers and the subprocesses the tests start inherit it
+# (JAX reads it on import), so a program compiled in one process, or in an earlier run, is
+# loaded, not compiled again (a second `make test` compiles about half as much). Entries
+# are keyed by the program, the compile options and the JAX version; the least recently
+# used go beyond 1 GiB. `jax.monitoring`'s compile event still fires on a load, so tests
+# that count compilations count loads too.
+# The cache sits beside tilecore's kernel cache (`$TILECORE_CACHE_DIR`, else
+# `~/.cache/tilecore`), or in a temporary directory where that cannot be written.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-    _cache = tempfile.mkdtemp(prefix="tilecore-tests-jax-cache-")
-    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+    _cache = os.path.join(os.environ.get("TILECORE_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tilecore"),
+        "jax-tests")
+    with contextlib.suppress(OSError):
+        os.makedirs(_cache, exist_ok=True)
+    if not os.access(_cache, os.W_OK):
+        _cache = tempfile.mkdtemp(prefix="tilecore-tests-jax-cache-")
+        atexit.register(shutil.rmtree, _cache, ignore_errors=True)
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.3")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(1 << 30))
 
 # The suite checks results, not speed, and most of its time went to XLA compiling programs
 # that then run once or twice on tiny inputs. JAX's own switch for that trade
