@@ -16,7 +16,9 @@ XLA_FLAGS giving this process its CPU devices. It joins the JAX distributed runt
    process holds a whole one) and a sharded `extra` array at step 0, the tables + 1
    at step 1, restores step 0, then process 0 copies step 0's table files over step
    1's (valid files of other values: only the checksums can tell) and every process
-   restores step 1; what each saw goes to `checkpoint-<process>.json`.
+   restores step 1; then the same for an `extra` leaf every process holds whole (a
+   CRC-32 record, as one process saves), read onto every process's devices (steps 2
+   and 3); what each saw goes to `checkpoint-<process>.json`.
 
 PARTS is a comma-separated subset of `ops,minibatching,agreement,checkpoint`. It ends with
 `os._exit(0)`: after a peer has died, JAX's shutdown barrier would wait for it.
@@ -229,6 +231,25 @@ def run_checkpoint(mesh: Any, out: Path) -> None:
         seen["error"] = None
     except ck.CheckpointCorruptError as error:
         seen["error"] = str(error)
+    # An `extra` leaf every process holds whole (as one process saves it): a CRC-32
+    # record, checked when it is read onto devices of several processes.
+    target = {"host": jax.ShapeDtypeStruct(dense.shape, jnp.float32, sharding=rows)}
+    for step, values in ((2, dense), (3, dense + 1)):
+        ck.save(root, plan, variables, step=step, extra={"host": values})
+    seen["host_record"] = sorted(ck.read_metadata(root, step=2)["checksums"]["extra"]["host"])
+    host = ck.restore(root, plan, step=3, mesh=mesh, axis=AXIS, extra=target).extra["host"]
+    seen["host_restored_equal"] = bool(not host.is_fully_addressable and np.array_equal(
+        multihost_utils.process_allgather(host, tiled=True), dense + 1))
+    multihost_utils.sync_global_devices("extra saved")
+    if me == 0:
+        shutil.rmtree(root / "2" / "extra")
+        shutil.copytree(root / "3" / "extra", root / "2" / "extra")
+    multihost_utils.sync_global_devices("extra damaged")
+    try:
+        ck.restore(root, plan, step=2, mesh=mesh, axis=AXIS, extra=target)
+        seen["host_error"] = None
+    except ck.CheckpointCorruptError as error:
+        seen["host_error"] = str(error)
     (out / f"checkpoint-{me}.json").write_text(json.dumps(seen))
 
 

@@ -252,7 +252,8 @@ def test_checkpoint_of_tables_split_over_processes_is_checked(launch: Launched) 
     """Saved from shards on 2 processes × 2 devices: `hashsum64` records, which the
     processes add up when saving and when reading onto shards; files of another step
     raise CheckpointCorruptError on every process, and one process with one device
-    verifies and exports the intact step."""
+    verifies and exports the intact step. An `extra` leaf saved whole (a `crc32`
+    record) and read onto shards of both processes is checked too."""
     processes, out, parts, _ = launch
     if "checkpoint" not in parts:
         pytest.skip("the checkpoint runs in the first 2-process launch only")
@@ -267,6 +268,12 @@ def test_checkpoint_of_tables_split_over_processes_is_checked(launch: Launched) 
                      f"{str(root / '1' / 'embeddings')!r}", "it reads as hashsum64 0x",
                      "but save recorded hashsum64 0x"):
             assert part in seen["error"], (p, part, seen["error"])
+        assert seen["host_record"] == ["crc32", "dtype", "shape"]
+        assert seen["host_restored_equal"], f"process {p} restored other extra values"
+        assert seen["host_error"] is not None, f"process {p} restored swapped extra files"
+        for part in ("step 2 is damaged: extra leaf 'host'", "its bytes changed after saving: "
+                     "it reads as crc32 0x", "but save recorded crc32 0x"):
+            assert part in seen["host_error"], (p, part, seen["host_error"])
     from tilecore import checkpoint
 
     assert checkpoint.verify(root, step=0) == 0

@@ -20,8 +20,11 @@ record names its algorithm by its key:
   add (a collective): the arrays of a multi-process job no process can gather (a
   row-sharded table). A read of such an array onto shards combines the processes'
   sums the same way before comparing, so every process raises the same error.
-  (A `"crc32"` record cannot be taken from shards: an `extra` leaf saved by one
-  process and restored onto devices of several is checked for its shape only.)
+  A `"crc32"` record cannot be taken from shards: an array it describes that is read
+  onto the devices of several processes (an `extra` leaf saved by one process,
+  restored by several) is brought whole to every process first — from this
+  process's copy when its shards hold the whole array (replicated), else gathered
+  from every process (a collective, as `"hashsum64"`'s sum is).
 
 Checkpoints written before checksums existed are read unchecked (shapes only).
 """
@@ -151,13 +154,27 @@ def _describe(record: Checksum) -> str:
     return f"{_value(record)}, {record['dtype']} {tuple(record['shape'])}"
 
 
+def _whole(value: jax.Array) -> np.ndarray:
+    """All of an array spread over processes, on this host: a shard of this process
+    that holds all of it (a replicated array), else gathered from every process (a
+    collective: the shards are alike on every process, so every process takes the
+    same branch)."""
+    for shard in value.addressable_shards:
+        if shard.data.shape == value.shape:
+            return np.asarray(shard.data)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(value, tiled=True))
+
+
 def _measure(value: Any, want: Checksum) -> Checksum | None:
-    """`value`'s checksum by `want`'s algorithm (None: not numeric, or a CRC-32 of an
-    array spread over processes). A `"hashsum64"` of such an array is a collective:
-    every process measures it, or none."""
+    """`value`'s checksum by `want`'s algorithm (None: not numeric). For an array
+    spread over processes both are collectives: every process measures it, or none."""
     if _spans_processes(value):
         if _algorithm(want) == CRC32:
-            return None
+            if (str(value.dtype), list(value.shape)) != (want["dtype"], list(want["shape"])):
+                return {"dtype": str(value.dtype), "shape": list(value.shape)}
+            return checksum(_whole(value))
         kind: dict[str, Any] = {"dtype": str(value.dtype), "shape": list(value.shape)}
     else:
         array = _numeric(value)
