@@ -31,6 +31,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -189,10 +190,32 @@ def run_agreement(out: Path) -> None:
     record("timeout_after_s", time.monotonic() - start)
 
 
-def run_checkpoint(mesh: Any, out: Path) -> None:
-    """Save, restore, swap files, restore again, on every process."""
+def _swapped_error(root: Path, item: str, source: int, damaged: int,
+                   restore: Callable[[], Any]) -> str | None:
+    """Process 0 copies step `source`'s `item` files over step `damaged`'s (valid files
+    of other values: only the checksums can tell); then every process restores: the
+    error it raises (None: none)."""
     import shutil
 
+    import jax
+    from jax.experimental import multihost_utils
+
+    import tilecore.checkpoint as ck
+
+    multihost_utils.sync_global_devices(f"{item} saved")
+    if jax.process_index() == 0:
+        shutil.rmtree(root / str(damaged) / item)
+        shutil.copytree(root / str(source) / item, root / str(damaged) / item)
+    multihost_utils.sync_global_devices(f"{item} damaged")
+    try:
+        restore()
+    except ck.CheckpointCorruptError as error:
+        return str(error)
+    return None
+
+
+def run_checkpoint(mesh: Any, out: Path) -> None:
+    """Save, restore, swap files, restore again, on every process."""
     import jax
     import jax.numpy as jnp
     from jax.experimental import multihost_utils
@@ -221,16 +244,8 @@ def run_checkpoint(mesh: Any, out: Path) -> None:
         multihost_utils.process_allgather(restored.variables["a"].table, tiled=True),
         tables["a"]) and np.array_equal(
         multihost_utils.process_allgather(restored.extra["dense"], tiled=True), dense))
-    multihost_utils.sync_global_devices("checkpoint saved")
-    if me == 0:
-        shutil.rmtree(root / "1" / "embeddings")
-        shutil.copytree(root / "0" / "embeddings", root / "1" / "embeddings")
-    multihost_utils.sync_global_devices("checkpoint damaged")
-    try:
-        ck.restore(root, plan, step=1, mesh=mesh, axis=AXIS)
-        seen["error"] = None
-    except ck.CheckpointCorruptError as error:
-        seen["error"] = str(error)
+    seen["error"] = _swapped_error(root, "embeddings", 0, 1, lambda: ck.restore(
+        root, plan, step=1, mesh=mesh, axis=AXIS))
     # An `extra` leaf every process holds whole (as one process saves it): a CRC-32
     # record, checked when it is read onto devices of several processes.
     target = {"host": jax.ShapeDtypeStruct(dense.shape, jnp.float32, sharding=rows)}
@@ -240,16 +255,8 @@ def run_checkpoint(mesh: Any, out: Path) -> None:
     host = ck.restore(root, plan, step=3, mesh=mesh, axis=AXIS, extra=target).extra["host"]
     seen["host_restored_equal"] = bool(not host.is_fully_addressable and np.array_equal(
         multihost_utils.process_allgather(host, tiled=True), dense + 1))
-    multihost_utils.sync_global_devices("extra saved")
-    if me == 0:
-        shutil.rmtree(root / "2" / "extra")
-        shutil.copytree(root / "3" / "extra", root / "2" / "extra")
-    multihost_utils.sync_global_devices("extra damaged")
-    try:
-        ck.restore(root, plan, step=2, mesh=mesh, axis=AXIS, extra=target)
-        seen["host_error"] = None
-    except ck.CheckpointCorruptError as error:
-        seen["host_error"] = str(error)
+    seen["host_error"] = _swapped_error(root, "extra", 3, 2, lambda: ck.restore(
+        root, plan, step=2, mesh=mesh, axis=AXIS, extra=target))
     (out / f"checkpoint-{me}.json").write_text(json.dumps(seen))
 
 
