@@ -275,9 +275,96 @@ def test_cpu_kernels_serve_half_tables(kernels: str) -> None:
             + jax.jit(lambda b, v: ops.lookup_grad(plan, b, v, grads, 0)).lower(
                 batch, variables).as_text())
     calls = set(re.findall(r"custom_call @(tilecore_\w+)", text))
-    half = {f"tilecore_{op}_{suffix}" for op in ("lookup_buffers", "gather_rows", "scatter_rows")
-            for suffix in ("bf16", "f16")}
-    assert half <= calls if kernels == "ffi" else not calls, calls
+    if kernels == "xla":
+        assert not calls, calls
+        return
+    for suffix in ("bf16", "f16"):
+        assert f"tilecore_lookup_buffers_{suffix}" in calls, calls
+        assert any(c.startswith("tilecore_fused_update_buffers_") and c.endswith(f"_{suffix}")
+                   for c in calls), calls
+
+
+def _rowwise_adagrad(grad: Any, row: Any, accumulator: Any, learning_rate: Any
+                     ) -> tuple[Any, Any]:
+    """Adagrad on the row's squared norm: reduces along the row, so no fused kernel."""
+    accumulator = accumulator + (grad * grad).sum(axis=-1, keepdims=True)
+    return row - learning_rate * grad / (accumulator ** 0.5), accumulator + 0 * grad
+
+
+ROWWISE = tc.CustomOptimizer(update_fn=_rowwise_adagrad, learning_rate=0.1,
+                             slot_initial_value_tuple=(0.2,))
+UNFUSED = Case(
+    "half-unfused",
+    (_half(table("a", 50, 20, optimizer=ROWWISE), jnp.bfloat16),
+     _half(table("b", 30, 5, "mean", optimizer=ROWWISE), jnp.float16)),
+    (("fa", "a", 32), ("fb", "b", 32)), weighted=("fb",), seed=12,
+)
+
+
+def test_a_rule_without_fused_kernel(kernels: str) -> None:
+    """The rule in JAX on chunks of 16-bit rows gathered and scattered by the kernels."""
+    del kernels
+    from tilecore.ops.cpu._fused_update import fused_kernels
+
+    assert fused_kernels(ROWWISE, jnp.bfloat16) is None
+    check_half_against_oracle(UNFUSED, _half_run(UNFUSED, steps=2))
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_cpu_rounding_matches_oracle_bit_for_bit(dtype: Any) -> None:
+    """The fused CPU update's per-value restatement of the rounding (`_round16`)."""
+    from tilecore.ops.cpu import _round16
+    from tilecore.ops.cpu._vector import BFLOAT16, FLOAT16
+
+    source_format = BFLOAT16 if dtype == jnp.bfloat16 else FLOAT16
+    rng = np.random.default_rng(3)
+    x = np.concatenate([rng.normal(0, s, 500) for s in (1.0, 1e-3, 6e-5, 1e-6, 1e-8, 3e4)]
+                       + [[0.0, -0.0, np.inf, -np.inf, np.nan, 65519, 65520, 3.3e38, 1e-45,
+                           2**-24, 3 * 2**-26]]).astype(np.float32)
+    bits = _bits(x.shape, 4)
+    got = np.array([_round16.narrow(v, source_format, np.uint64(b)) for v, b in zip(x, bits, strict=True)],
+                   np.uint16).view(dtype)
+    assert _same(got, reference_stochastic_round(x, dtype, bits))
+    back = np.array([_round16.widen(v, source_format) for v in got.view(np.uint16)], np.float32)
+    finite = np.isfinite(back)
+    np.testing.assert_array_equal(back[finite], got.astype(np.float32)[finite])
+    seed, rows = 2**40 + 5, np.array([0, 3, 2**31 + 7])
+    key = int(np.asarray(rounding_key(seed, "s", jnp.int32(2))))
+    want = reference_rounding_bits(seed, "s", 2, rows, 4)
+    got_bits = [[_round16.value_bits(key, int(r), d) for d in range(4)] for r in rows]
+    np.testing.assert_array_equal(np.asarray(got_bits, np.uint64), want)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_wings_write_the_same_bits(dtype: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One step of the CPU kernels' fused update and of XLA's, from the same state: the
+    same rows rounded the same way (a float32 rule result differing in its last bit may
+    round differently, so 99% bit-identical, every value within one gap)."""
+    from tilecore.ops._backend import wing
+
+    if jax.default_backend() != "cpu":
+        pytest.skip("the CPU kernels run on the CPU backend only")
+    case = dataclasses.replace(MIXED, tables=tuple(
+        _half(t, dtype) if t.weights_dtype != np.float32 else t for t in MIXED.tables))
+    plan = case.plan()
+    batch, _ = preprocess(plan, *case.batch(0))
+    grads = {f: jnp.asarray(g) for f, g in case.activation_grads(0).items()}
+    variables = ops.init_tables(plan, jax.random.key(1))
+    after = {}
+    for setting in ("ffi", "xla"):
+        monkeypatch.setenv("TILECORE_KERNELS", setting)
+        wing.cache_clear()
+        step = jax.jit(lambda b, v, s: ops.lookup_grad(plan, b, v, grads, s))
+        after[setting] = {n: np.asarray(v.table) for n, v in step(batch, variables, 3).items()}
+    monkeypatch.undo()
+    wing.cache_clear()
+    for name, spec in plan.stacks.items():
+        if spec.weights_dtype == np.float32:
+            continue
+        cpu, xla = after["ffi"][name], after["xla"][name]
+        assert np.mean(cpu.view(np.uint16) == xla.view(np.uint16)) > 0.99, name
+        wide = xla.astype(np.float64)
+        assert np.all(np.abs(cpu.astype(np.float64) - wide) <= half_ulp_gap(wide, dtype)), name
 
 
 def test_a_float32_table_for_a_half_stack_is_refused() -> None:

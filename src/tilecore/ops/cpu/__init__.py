@@ -6,9 +6,9 @@ ops when `unavailable_reason()` is None on the CPU backend.
 
 Half-precision tables (bfloat16, float16) are read and written as 16-bit values: the
 kernels see them as uint16 and widen rows to float32 in vector registers while pooling
-(`_vector.add_scaled_from`); their updates gather and scatter 16-bit rows with the
-kernels and run the rule and the stochastic rounding in JAX on chunks of rows
-(`_wing.apply_update`), the one implementation of the rounding both wings share.
+(`_vector.add_scaled_from`); the fused update widens each value, applies the rule in
+float32 and writes it back with stochastic rounding (`_round16`, the rule of
+`tilecore.ops._rounding` restated per value and checked bit for bit against it).
 """
 
 from ._ffi import unavailable_reason as unavailable_reason

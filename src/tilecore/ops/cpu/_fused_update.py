@@ -33,10 +33,12 @@ import numpy as np
 from ...optimizers import update_rule
 from ...specs import OptimizerSpec
 from .._layout import StackLayout
+from .._rounding import Rounding
 from .._variables import EmbeddingVariables
 from . import _kernels
 from ._ffi import FfiKernel, _cache_dir, register_kernel
 from ._rule_source import RuleSource, hyper_kind, rule_source
+from ._vector import BFLOAT16, FLOAT16
 
 _TEMPLATE = '''
 
@@ -51,7 +53,7 @@ def apply_row(r, acc, hf, hi, {outs}):
 {hypers}
     for d in range(acc.shape[0]):
         new = rule({call})
-        out_table[r, d] = np.minimum(np.maximum(new[0], low), high)
+        out_table[r, d] = {store}
 {writes}
 
 
@@ -100,26 +102,40 @@ def update_rows(rows, sums, count, hf, hi, {ins}, {outs}):
 '''
 
 
-def _module_source(rule: RuleSource, cached: bool) -> str:
+_STORE = "np.minimum(np.maximum(new[0], low), high)"
+_HALF_HYPERS = """
+    source_format = hi[hi.shape[0] - 3]
+    key, first_row = hi[hi.shape[0] - 2], hi[hi.shape[0] - 1]"""
+_HALF_STORE = ("_round16.narrow(np.minimum(np.maximum(new[0], low), high), source_format, "
+               "_round16.value_bits(key, first_row + r, d))")
+
+
+def _module_source(rule: RuleSource, cached: bool, half: bool = False) -> str:
+    """The kernels' module for `rule`; `half`: the table holds 16-bit values (uint16 bits),
+    widened on read and written back with stochastic rounding (`_round16`), the format,
+    rounding key and this device's first global row being `hi`'s last three entries."""
     slots = [f"slot{i}" for i in range(rule.num_slots)]
     ins = ", ".join(["table", *slots])
     outs = ", ".join(["out_table", *(f"out_{s}" for s in slots)])
     hypers = "\n".join(
         f"    hyper{k} = {'hf' if kind == 'f' else 'hi'}[{k}]"
         for k, kind in enumerate(rule.hyper_kinds)) or "    pass"
+    table = "_round16.widen(out_table[r, d], source_format)" if half else "out_table[r, d]"
+    hypers += _HALF_HYPERS if half else ""
     copies = "\n".join(
         f"    if {o}.ctypes.data != {i}.ctypes.data:\n        _vector.copy_table({o}, {i})"
         for i, o in zip(ins.split(", "), outs.split(", "), strict=True))
     return (
         "import numba\nimport numpy as np\n\nfrom tilecore._numba import njit\n"
-        "from tilecore.ops.cpu import _kernels, _segments, _vector\n"
+        "from tilecore.ops.cpu import _kernels, _round16, _segments, _vector\n"
         "from tilecore.preprocessing import _packed\n\n"
         + rule.source
         + _TEMPLATE.format(
             cache=cached, ins=ins, outs=outs, hypers=hypers, copies=copies,
             prefetches="\n".join(f"                    _segments.prefetch_row({o}, base + upcoming)"
                                   for o in outs.split(", ")),
-            call=", ".join(["acc[d]", "out_table[r, d]", *(f"out_{s}[r, d]" for s in slots),
+            store=_HALF_STORE if half else _STORE,
+            call=", ".join(["acc[d]", table, *(f"out_{s}[r, d]" for s in slots),
                             *(f"hyper{k}" for k in range(len(rule.hyper_kinds)))]),
             writes="\n".join(f"        out_{s}[r, d] = new[{i + 1}]"
                              for i, s in enumerate(slots)) or "        pass",
@@ -148,9 +164,9 @@ def _fingerprint(text: str) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def _load(rule: RuleSource) -> types.ModuleType:
+def _load(rule: RuleSource, half: bool) -> types.ModuleType:
     """Import the generated module of `rule` (from the cache directory when writable)."""
-    digest = _fingerprint(_module_source(rule, cached=True))
+    digest = _fingerprint(_module_source(rule, cached=True, half=half))
     name = f"_tilecore_fused_{digest}"
     if name in sys.modules:
         return sys.modules[name]
@@ -158,14 +174,15 @@ def _load(rule: RuleSource) -> types.ModuleType:
     if directory is None:
         module = types.ModuleType(name)
         sys.modules[name] = module
-        exec(compile(_module_source(rule, cached=False), f"<{name}>", "exec"), module.__dict__)
+        exec(compile(_module_source(rule, cached=False, half=half), f"<{name}>", "exec"),
+             module.__dict__)
         return module
     folder = directory / f"fused_{digest}"  # its own folder: the FFI cache key hashes siblings
     folder.mkdir(exist_ok=True)
     path = folder / "kernels.py"
     if not path.exists():  # written atomically: concurrent processes may race here
         with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".tmp", delete=False) as f:
-            f.write(_module_source(rule, cached=True))
+            f.write(_module_source(rule, cached=True, half=half))
         pathlib.Path(f.name).replace(path)
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
@@ -176,11 +193,12 @@ def _load(rule: RuleSource) -> types.ModuleType:
 
 
 @cache
-def _kernels_for(rule: RuleSource) -> FusedKernels:
-    module = _load(rule)
+def _kernels_for(rule: RuleSource, dtype: np.dtype) -> FusedKernels:
+    module = _load(rule, half=dtype != np.float32)
     digest = module.__name__.rsplit("_", 1)[-1]
+    digest += {"float32": "", "bfloat16": "_bf16", "float16": "_f16"}[dtype.name]
     f32, i32 = np.float32, np.int32
-    tables = [(f32, 2)] * (1 + rule.num_slots)
+    tables = [(dtype, 2), *[(f32, 2)] * rule.num_slots]  # slots are float32
     hyper = [(f32, 1), (i32, 1)]
     buffers = register_kernel(
         f"tilecore_fused_update_buffers_{digest}", module.update_buffers,
@@ -192,10 +210,11 @@ def _kernels_for(rule: RuleSource) -> FusedKernels:
     return FusedKernels(rule, buffers, rows)
 
 
-def fused_kernels(spec: OptimizerSpec) -> FusedKernels | None:
-    """The fused kernels of `spec`'s rule, or None when it must run in JAX."""
+def fused_kernels(spec: OptimizerSpec, dtype: Any = np.float32) -> FusedKernels | None:
+    """The fused kernels of `spec`'s rule on a table of `dtype` (float32, bfloat16,
+    float16), or None when the rule must run in JAX."""
     source = _rule_source_cached(update_rule(spec), type(spec), spec)
-    return None if source is None else _kernels_for(source)
+    return None if source is None else _kernels_for(source, np.dtype(dtype))
 
 
 def _rule_source_cached(rule: Any, kind: type, spec: OptimizerSpec) -> RuleSource | None:
@@ -208,9 +227,11 @@ def _rule_source_cached(rule: Any, kind: type, spec: OptimizerSpec) -> RuleSourc
 _SOURCES: dict[Any, RuleSource | None] = {}
 
 
-def _hyper_operands(spec: OptimizerSpec, step: Any, clip: tuple[float, float] | None
+def _hyper_operands(spec: OptimizerSpec, step: Any, clip: tuple[float, float] | None,
+                    dtype: Any = np.float32, rounding: Rounding | None = None
                     ) -> tuple[jax.Array, jax.Array]:
-    """The kernel's float and int operands: hyperparameters by kind, then the clip range."""
+    """The kernel's float and int operands: hyperparameters by kind, then the clip range;
+    for a half table the ints end with its format, rounding key and first global row."""
     values = spec.hyperparameters(step)
     kinds = [hyper_kind(v) for v in values]
     low, high = (-np.inf, np.inf) if clip is None else clip
@@ -218,8 +239,13 @@ def _hyper_operands(spec: OptimizerSpec, step: Any, clip: tuple[float, float] | 
               for v, k in zip(values, kinds, strict=True)]
     ints = [jnp.asarray(v, jnp.int32) if k == "i" else jnp.int32(0)
             for v, k in zip(values, kinds, strict=True)]
+    tail = [jnp.int32(0)]
+    if rounding is not None:
+        source_format = BFLOAT16 if np.dtype(dtype) == jnp.bfloat16 else FLOAT16
+        key = jax.lax.bitcast_convert_type(jnp.asarray(rounding.key, jnp.uint32), jnp.int32)
+        tail = [jnp.int32(source_format), key, jnp.asarray(rounding.row_offset, jnp.int32)]
     return (jnp.stack([*floats, jnp.float32(low), jnp.float32(high)]),
-            jnp.stack([*ints, jnp.int32(0)]))
+            jnp.stack([*ints, *tail]))
 
 
 def _shapes(variables: EmbeddingVariables) -> list[jax.ShapeDtypeStruct]:
@@ -237,10 +263,11 @@ def _variables(arrays: Any) -> EmbeddingVariables:
 def fused_update_buffers(kernels: FusedKernels, flat: Any, grads: jax.Array,
                          variables: EmbeddingVariables, layout: StackLayout, spec: OptimizerSpec,
                          step: Any, clip: tuple[float, float] | None,
-                         which: jax.Array) -> EmbeddingVariables:
+                         which: jax.Array, rounding: Rounding | None = None
+                         ) -> EmbeddingVariables:
     """One device's variables after the fused update from its own buffers (`which` =
-    [minibatch, minibatches])."""
-    hf, hi = _hyper_operands(spec, step, clip)
+    [minibatch, minibatches]); `rounding` for a half-precision table."""
+    hf, hi = _hyper_operands(spec, step, clip, variables.table.dtype, rounding)
     arrays = (variables.table, *variables.slots)
     out = kernels.update_buffers(_kernels.layout_array(layout), which, *flat, grads, hf, hi, *arrays,
                                  results=_shapes(variables),
@@ -250,10 +277,11 @@ def fused_update_buffers(kernels: FusedKernels, flat: Any, grads: jax.Array,
 
 def fused_update_rows(kernels: FusedKernels, variables: EmbeddingVariables, rows: jax.Array,
                       sums: jax.Array, spec: OptimizerSpec, step: Any,
-                      clip: tuple[float, float] | None, count: jax.Array | None
-                      ) -> EmbeddingVariables:
-    """The variables after the rule on the `count` leading (distinct) rows, in one pass."""
-    hf, hi = _hyper_operands(spec, step, clip)
+                      clip: tuple[float, float] | None, count: jax.Array | None,
+                      rounding: Rounding | None = None) -> EmbeddingVariables:
+    """The variables after the rule on the `count` leading (distinct) rows, in one pass
+    (`rounding` for a half-precision table)."""
+    hf, hi = _hyper_operands(spec, step, clip, variables.table.dtype, rounding)
     real = jnp.int32(rows.shape[0]) if count is None else jnp.asarray(count, jnp.int32)
     arrays = (variables.table, *variables.slots)
     out = kernels.update_rows(rows, sums, real.reshape(1), hf, hi, *arrays,

@@ -45,13 +45,13 @@ def apply_update(variables: EmbeddingVariables, rows: jax.Array, sums: jax.Array
                  ) -> EmbeddingVariables:
     """The optimizer on the `count` leading rows only: in one fused pass when the rule
     is elementwise, else with JAX a chunk at a time (work and memory follow the
-    touched rows, not the padded list). A half-precision table (`rounding` given)
-    takes the chunks: its rows are gathered and scattered as 16-bit values by the
-    kernels, the rule and the stochastic rounding run in JAX on the chunk
-    (`_sparse_update.updated`, the XLA wing's arithmetic)."""
-    kernels = fused_kernels(spec) if rounding is None else None
+    touched rows, not the padded list). A half-precision table (`rounding` given) is
+    read and written as 16-bit values either way, rounded stochastically by
+    `_round16` in the fused pass, by `_rounding` in JAX on a chunk."""
+    kernels = fused_kernels(spec, variables.table.dtype)
     if kernels is not None:
-        return fused_update_rows(kernels, variables, rows, sums, spec, step, clip, count)
+        return fused_update_rows(kernels, variables, rows, sums, spec, step, clip, count,
+                                 rounding)
     real = jnp.int32(rows.shape[0]) if count is None else count
     chunk = min(_CHUNK, rows.shape[0])
     last = rows.shape[0] - chunk
@@ -80,17 +80,17 @@ def _update_local(flat: FlatBuffers, grads: jax.Array, variables: EmbeddingVaria
                   rounding: Rounding | None = None) -> EmbeddingVariables:
     """One device's update; minibatched buffers one minibatch at a time (the optimizer
     runs once per minibatch, as on the reference system). An elementwise rule runs
-    fused with the gradient sums, one pass over the sorted buffers; a half-precision
-    table's rule runs in chunks (see `apply_update`)."""
-    kernels = fused_kernels(spec) if rounding is None else None
+    fused with the gradient sums, one pass over the sorted buffers (a half-precision
+    table too, see `apply_update`)."""
+    kernels = fused_kernels(spec, variables.table.dtype)
     if kernels is not None:
         if not layout.minibatched:
             return fused_update_buffers(kernels, flat, grads, variables, layout, spec, step,
-                                        clip, passes(1))
+                                        clip, passes(1), rounding)
 
         def fused(minibatch: jax.Array, variables: EmbeddingVariables) -> EmbeddingVariables:
             return fused_update_buffers(kernels, flat, grads, variables, layout, spec, step,
-                                        clip, passes(num_minibatches, minibatch))
+                                        clip, passes(num_minibatches, minibatch), rounding)
 
         return jax.lax.fori_loop(0, num_minibatches, fused, variables)
     if not layout.minibatched:
