@@ -260,6 +260,16 @@ def test_plan_keeps_dtypes_apart() -> None:
                       ("e",): "bfloat16"}
 
 
+def test_explicit_groups_of_two_dtypes_are_refused() -> None:
+    x = _half(table("x", 20, 8), jnp.bfloat16)
+    y = table("y", 20, 8)
+    features = [tc.FeatureSpec(name=f"f{t.name}", table=t, input_shape=(8, 2)) for t in (x, y)]
+    with pytest.raises(ValueError, match=r"Cannot stack table 'y' with 'x': weights_dtype "
+                                         r"differs \(float32 vs bfloat16\)"):
+        tc.stack_tables(features, tc.Topology(sc_per_device=2), (("x", "y"),))
+    assert len(tc.plan_stacking(features, tc.Topology(sc_per_device=2)).stacks) == 2
+
+
 def test_ops_match_float32_oracle(kernels: str) -> None:
     del kernels
     check_half_against_oracle(MIXED, _half_run(MIXED))
