@@ -14,6 +14,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -378,14 +379,17 @@ def test_ffi_on_an_accelerator_backend_is_refused(monkeypatch: pytest.MonkeyPatc
 
 def test_handler_cache_key_covers_the_helpers_a_kernel_calls() -> None:
     """numba's cache of a generated handler only watches the handler's file: the key must
-    change when a helper in the kernel's package changes, or stale machine code runs."""
-    from tilecore.ops.cpu import _ffi, _kernels
-
-    sources = "\n".join(_ffi._kernel_sources(_kernels._row_gradients_buffers_kernel))
-    for helper in (_kernels._buffer_entries, _kernels.entry_in_range, _kernels._aggregate):
-        assert inspect.getsource(helper.py_func) in sources
-    from tilecore.ops.cpu import _segments
+    change when a helper the kernel calls changes, or stale machine code runs. The key
+    holds the kernel's file and the stamp of all of tilecore's numba sources, which
+    covers every module the helpers come from (tests/test_numba_compile_once.py checks
+    that the stamp changes with them)."""
+    from tilecore._numba import source_stamp
+    from tilecore.ops.cpu import _ffi, _kernels, _segments
     from tilecore.preprocessing import _packed
 
-    assert inspect.getsource(_segments.next_row.py_func) in sources  # every sibling module
-    assert inspect.getsource(_packed.run_bounds.py_func) in sources  # and the layout's reader
+    sources = _ffi._kernel_sources(_kernels._row_gradients_buffers_kernel)
+    assert source_stamp() in sources
+    assert inspect.getsource(_kernels._row_gradients_buffers_kernel.py_func) in sources[0]
+    for helper in (_kernels._buffer_entries, _kernels.entry_in_range, _kernels._aggregate,
+                   _segments.next_row, _packed.run_bounds):
+        assert "numba" in Path(inspect.getfile(helper.py_func)).read_text(), helper

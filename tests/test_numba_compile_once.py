@@ -102,3 +102,52 @@ def test_compiles_in_one_process_nest_and_need_no_lock(
     with compile_lock(str(tmp_path / "x.lock")):
         entered.append("no locks")
     assert entered == ["no folder", "no locks"]
+
+
+STAMPED = textwrap.dedent("""
+    import json, sys
+    import tilecore._numba as nb
+    if len(sys.argv) > 1:
+        nb.source_stamp = lambda: sys.argv[1]  # tilecore's numba sources, as if edited
+    import kernels_under_test as m
+    m.kernel(4)
+    print(json.dumps([sum(m.kernel.stats.cache_hits.values()),
+                      sum(m.kernel.stats.cache_misses.values())]))
+""")
+
+
+def test_an_edit_to_any_numba_source_compiles_every_kernel_again(
+        kernels: object, tmp_path: Path) -> None:
+    """numba checks a cached function against its own file only, so a kernel whose helper
+    in another module changed would load stale machine code; the stamp of all of
+    tilecore's numba sources is part of every cached function's key."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]))
+
+    def run(*stamp: str) -> list[int]:
+        done = subprocess.run([sys.executable, "-c", STAMPED, *stamp], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    assert run() == [0, 1]  # compiled
+    assert run() == [1, 0]  # loaded
+    assert run("edited") == [0, 1]  # compiled again: the sources changed
+    assert run("edited") == [1, 0]
+
+
+def test_the_stamp_covers_numba_modules_only(tmp_path: Path) -> None:
+    from tilecore._numba import _stamp_of  # pyright: ignore[reportPrivateUsage]
+
+    def stamp(files: dict[str, str]) -> str:
+        root = tmp_path / f"pkg{len(list(tmp_path.iterdir()))}"
+        for name, text in files.items():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            (root / name).write_text(text)
+        return _stamp_of(root)
+
+    base = {"a.py": "import numba\n", "sub/b.py": "from numba import njit\n", "c.py": "x = 1\n"}
+    first = stamp(base)
+    assert stamp(base) == first
+    assert stamp({**base, "c.py": "x = 2\n"}) == first  # no numba code: not part of it
+    assert stamp({**base, "sub/b.py": "from numba import njit  # edited\n"}) != first
+    assert stamp({**base, "d.py": "import numba as nb\n"}) != first  # a new numba module

@@ -11,13 +11,22 @@ then finds the first one's machine code in the cache and loads it instead.
 
 Only a cache miss locks: a signature this process already has, or one numba loads from
 disk, costs what it did. Without a writable cache directory nothing is locked.
+
+numba also checks a cached function only against its own source file: a kernel whose
+helper in another module changed (say `ops/cpu/_vector.py` after a `git pull`) loads its
+old machine code, silently. So every cached tilecore function is stamped with the
+sources of all of tilecore's numba code (`source_stamp`): a change to any of them
+compiles every kernel again, once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
+import hashlib
 import os
+import pathlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -38,6 +47,7 @@ def njit(**options: Any) -> Callable[[Callable[..., Any]], Any]:
     def wrap(func: Callable[..., Any]) -> Any:
         dispatcher = decorate(func)
         if options.get("cache"):
+            _stamp_with_sources(dispatcher)
             _compile_once(dispatcher)
         return dispatcher
 
@@ -75,6 +85,35 @@ def compile_lock(path: str) -> Iterator[None]:
                 _held.discard(path)
         finally:
             os.close(fd)  # releases the lock
+
+
+def source_stamp() -> str:
+    """SHA-256 (hex) of every tilecore module that holds numba code (names and bytes):
+    what a cached kernel's machine code may depend on, whichever file defines it."""
+    return _stamp_of(pathlib.Path(__file__).parent)
+
+
+@functools.cache
+def _stamp_of(root: pathlib.Path) -> str:
+    """`source_stamp` of the package at `root` (read once per process)."""
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        text = path.read_bytes()
+        if b"numba" in text:
+            digest.update(path.relative_to(root).as_posix().encode() + b"\0" + text + b"\0")
+    return digest.hexdigest()
+
+
+def _stamp_with_sources(dispatcher: Any) -> None:
+    """Make the dispatcher's on-disk cache valid only for today's `source_stamp`.
+
+    numba keeps its function's file stamp in the cache index and drops the index when
+    the stamp differs; the stamp is extended here (numba internals: a numba without
+    them keeps its own, file-only check).
+    """
+    cache_file = getattr(getattr(dispatcher, "_cache", None), "_cache_file", None)
+    if cache_file is not None and hasattr(cache_file, "_source_stamp"):
+        cache_file._source_stamp = (cache_file._source_stamp, source_stamp())
 
 
 def _compile_once(dispatcher: Any) -> None:

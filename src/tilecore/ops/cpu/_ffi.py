@@ -46,7 +46,7 @@ import numpy as np
 from numba import types
 from numpy.typing import DTypeLike
 
-from ..._numba import compile_lock, njit
+from ..._numba import compile_lock, njit, source_stamp
 from ._ffi_abi import (  # noqa: F401  (generated handlers use these names)
     _API_ERROR_CREATE,
     _BUF_SIZE,
@@ -152,17 +152,12 @@ def _cache_dir() -> pathlib.Path | None:
 
 
 def _kernel_sources(kernel: Any) -> list[str]:
-    """Every source a compiled handler depends on: this module, its ABI, and each module
-    of the kernel's package (a helper the kernel calls, changed, must change the key:
-    numba's own cache only watches the generated handler file)."""
+    """Every source a compiled handler depends on: the kernel's file and all of
+    tilecore's numba code (`source_stamp`; a helper the kernel calls, changed, must
+    change the key: numba's own cache only watches the generated handler file)."""
     py_func = getattr(kernel, "py_func", kernel)
     kernel_file = pathlib.Path(inspect.getsourcefile(py_func) or __file__)
-    here = pathlib.Path(__file__).parent
-    preprocessing = here.parent.parent / "preprocessing"  # the layout's reader, prefetching
-    files = {pathlib.Path(__file__), here / "_ffi_abi.py", kernel_file,
-             preprocessing / "_packed.py", preprocessing / "_pointers.py",
-             *kernel_file.parent.glob("*.py")}
-    return [f"{path.name}\n{path.read_text()}" for path in sorted(files)]
+    return [f"{kernel_file.name}\n{kernel_file.read_text()}", source_stamp()]
 
 
 def _compiled_handler(name: str, kernel: Any, args: Sequence[tuple[np.dtype, int]],

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numba
 import numpy as np
 
+from ..._numba import source_stamp
 from ...optimizers import update_rule
 from ...specs import OptimizerSpec
 from .._layout import StackLayout
@@ -155,12 +156,7 @@ class FusedKernels:
 def _fingerprint(text: str) -> str:
     """The generated module's key: its text and every source its compiled code embeds (numba
     caches a function with the functions it calls, and watches only its own file)."""
-    package = pathlib.Path(__file__).parent
-    preprocessing = package.parent.parent / "preprocessing"
-    files = sorted([*package.glob("*.py"), preprocessing / "_packed.py",
-                    preprocessing / "_pointers.py"])
-    here = [f"{path.name}\n{path.read_text()}" for path in files]
-    payload = "\0".join([text, *here, numba.__version__, jax.__version__])
+    payload = "\0".join([text, source_stamp(), numba.__version__, jax.__version__])
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
