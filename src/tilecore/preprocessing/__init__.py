@@ -8,6 +8,8 @@ from ._agreement import LocalAgreement as LocalAgreement
 from ._errors import IdDroppingWarning as IdDroppingWarning
 from ._errors import LimitExceededError as LimitExceededError
 from ._errors import PeerPreprocessingError as PeerPreprocessingError
+from ._flat import FlatFeature as FlatFeature
+from ._flat import flatten as flatten
 from ._limits import check_limits as check_limits
 from ._limits import coo_buffer_size_per_device as coo_buffer_size_per_device
 from ._limits import row_pointers_size_per_device as row_pointers_size_per_device
@@ -27,6 +29,7 @@ __all__ = [
     "NUM_THREADS_ENV",
     "Agreement",
     "FeatureInput",
+    "FlatFeature",
     "IdDroppingWarning",
     "LimitExceededError",
     "LocalAgreement",
@@ -38,6 +41,7 @@ __all__ = [
     "batch_signature",
     "check_limits",
     "coo_buffer_size_per_device",
+    "flatten",
     "preprocess",
     "resolve_num_threads",
     "row_pointers_size_per_device",

@@ -191,7 +191,7 @@ def _time_device(plan: tc.StackingPlan, inputs: list[Inputs], ids: list[int], wa
     import jax
 
     from tilecore import ops
-    from tilecore.preprocessing._flat import flatten
+    from tilecore.preprocessing import flatten
 
     def call(i: int) -> tc.PreprocessedBatch:
         out, _ = ops.preprocess_on_device(plan, *inputs[i % len(inputs)])
