@@ -276,15 +276,15 @@ def test_processes_choosing_different_kernels_raise(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(jax, "process_count", lambda: 3)
     for process in (0, 1):
         monkeypatch.setattr(jax, "process_index", lambda process=process: process)
-        _backend._check_same_choice_as_peers(None)
-        _backend._check_same_choice_as_peers(None)  # deciding again is fine
+        _backend._check_same_choice_as_peers("ffi")
+        _backend._check_same_choice_as_peers("ffi")  # deciding again is fine
     monkeypatch.setattr(jax, "process_index", lambda: 2)
     with pytest.raises(RuntimeError, match=(
             r"Process 2 runs the ops with xla \(\$TILECORE_KERNELS=xla\) but process 0 with "
             r"ffi: .* Set \$TILECORE_KERNELS to the same value")):
-        _backend._check_same_choice_as_peers("$TILECORE_KERNELS=xla")
+        _backend._check_same_choice_as_peers("xla ($TILECORE_KERNELS=xla)")
     monkeypatch.setattr(jax, "process_count", lambda: 1)  # one process: nothing to agree on
-    _backend._check_same_choice_as_peers("$TILECORE_KERNELS=xla")
+    _backend._check_same_choice_as_peers("xla ($TILECORE_KERNELS=xla)")
 
 
 def _benchmark() -> None:

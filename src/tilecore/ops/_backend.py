@@ -7,12 +7,16 @@ device, as a `Wing`:
 
 - `xla`: plain XLA ops, on every backend (`tilecore.ops.xla`);
 - `cpu`: numba kernels behind XLA's typed FFI, at memory speed on CPUs
-  (`tilecore.ops.cpu`).
+  (`tilecore.ops.cpu`);
+- `pallas`: the XLA wing with the lookup's gather and combine as a Pallas kernel for
+  GPUs (Triton), or in Pallas's interpreter anywhere (`tilecore.ops.pallas`).
 
-`wing()` decides once per process ($TILECORE_KERNELS: auto, ffi or xla; auto takes
-the CPU wing on the CPU backend when its FFI probe passes). Public functions take
-no backend flags. The numpy oracle in `tilecore.testing` is the contract every wing
-meets; the tests run both wings against it.
+`wing()` decides once per process ($TILECORE_KERNELS: auto, ffi, xla, pallas or
+pallas-interpret; auto takes the CPU wing on the CPU backend when its FFI probe
+passes, else XLA's, and never the Pallas wing, whose kernels are not yet measured on
+a GPU). Public functions take no backend flags. The numpy oracle in
+`tilecore.testing` is the contract every wing meets; the tests run every wing
+against it (the Pallas kernels interpreted, on CPU).
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ class Wing:
     """The kernels one backend supplies to the shared device ops.
 
     Attributes:
-      name: "xla" or "cpu".
+      name: "xla", "cpu" or "pallas".
       pool: `(table, rows, segments, gains, num_segments, quantization) ->
         [num_segments, dim]`, `Σ gain · table[row]` per segment; entries whose segment
         is out of range contribute nothing (quantization is None in the CPU wing).
@@ -74,8 +78,11 @@ def wing() -> Wing:
     the peers that decided before, see `_check_same_choice_as_peers`).
     """
     choice = os.environ.get(KERNELS_ENV, "auto").lower()
-    if choice not in ("auto", "ffi", "xla"):
-        raise ValueError(f"${KERNELS_ENV} must be auto, ffi or xla; got {choice!r}.")
+    if choice not in ("auto", "ffi", "xla", "pallas", "pallas-interpret"):
+        raise ValueError(f"${KERNELS_ENV} must be auto, ffi, xla, pallas or pallas-interpret; "
+                         f"got {choice!r}.")
+    if choice in ("pallas", "pallas-interpret"):
+        return _pallas(choice)
     if choice == "xla" or (choice == "auto" and jax.default_backend() != "cpu"):
         reason: str | None = f"${KERNELS_ENV}={choice}, backend {jax.default_backend()}"
     elif jax.default_backend() != "cpu":  # choice == "ffi"
@@ -90,7 +97,7 @@ def wing() -> Wing:
         if reason is not None and choice == "ffi":
             raise RuntimeError(
                 f"${KERNELS_ENV}=ffi but the CPU kernels are unavailable: {reason}")
-    _check_same_choice_as_peers(reason)
+    _check_same_choice_as_peers("ffi" if reason is None else f"xla ({reason})")
     if reason is None:
         from .cpu import WING as CPU
 
@@ -100,9 +107,24 @@ def wing() -> Wing:
     return XLA
 
 
+def _pallas(choice: str) -> Wing:
+    """The Pallas wing, compiled (`pallas`, GPUs only) or interpreted (`pallas-interpret`)."""
+    backend = jax.default_backend()
+    if choice == "pallas" and backend != "gpu":
+        raise RuntimeError(
+            f"${KERNELS_ENV}=pallas asks for the Pallas kernels compiled by Triton, which run "
+            f"on GPUs, but JAX's default backend is {backend!r}. Set ${KERNELS_ENV} to "
+            "pallas-interpret to run them in Pallas's interpreter (slow: for tests), or unset "
+            "it (auto).")
+    _check_same_choice_as_peers(choice)
+    from .pallas import pallas_wing
+
+    return pallas_wing(interpret=choice == "pallas-interpret")
+
+
 def lookup_wing(layout: StackLayout) -> Wing:
-    """The wing a stack's lookup runs in: quantized tables always take XLA's (the CPU
-    kernels pool full-precision rows)."""
+    """The wing a stack's lookup runs in: quantized tables always take XLA's (the CPU and
+    Pallas kernels pool full-precision rows)."""
     if layout.quantization is not None:
         from .xla import WING as XLA
 
@@ -113,10 +135,11 @@ def lookup_wing(layout: StackLayout) -> Wing:
 _CHOICE_KEY = "tilecore/cpu_kernels/"
 
 
-def _check_same_choice_as_peers(reason: str | None) -> None:
-    """Publish this process's wing; raise if a peer already chose differently.
+def _check_same_choice_as_peers(mine: str) -> None:
+    """Publish this process's wing (its first word: ffi, xla, pallas or pallas-interpret,
+    then why, if anything); raise if a peer already chose differently.
 
-    The two wings compile to different programs whose collectives XLA schedules in
+    Two wings compile to different programs whose collectives XLA schedules in
     a different order; in a multi-process run gloo then pairs one process's
     all-to-all with another's of a different operand (wrong activations, NaN).
     Never blocks (the first process to decide cannot see the others, a later one
@@ -127,7 +150,6 @@ def _check_same_choice_as_peers(reason: str | None) -> None:
     store = jax_store()
     if store is None or jax.process_count() == 1:
         return
-    mine = "ffi" if reason is None else f"xla ({reason})"
     me = jax.process_index()
     store.key_value_set(f"{_CHOICE_KEY}{me}", mine, allow_overwrite=True)
     for key, theirs in store.key_value_dir_get(_CHOICE_KEY):
@@ -136,4 +158,4 @@ def _check_same_choice_as_peers(reason: str | None) -> None:
                 f"Process {me} runs the ops with {mine} but process "
                 f"{key.rsplit('/', 1)[-1]} with {theirs}: every process must run the same "
                 f"kernels (their collectives must match). Set ${KERNELS_ENV} to the same "
-                "value (ffi or xla) on every process.")
+                "value on every process.")

@@ -60,17 +60,24 @@ def _apply_update(variables: EmbeddingVariables, rows: jax.Array, sums: jax.Arra
 
 def lookup_local(flat: FlatBuffers, table: jax.Array, layout: StackLayout,
                  num_minibatches: jax.Array) -> jax.Array:
-    """One device's activations. Minibatches only add up activations, so minibatched
-    buffers are read in one pass (a loop with a traced trip count costs a device-host
-    round trip per iteration on GPUs)."""
+    """One device's activations (see `pooled_locally`)."""
+    return pooled_locally(WING, flat, table, layout, num_minibatches)
+
+
+def pooled_locally(kernels: Wing, flat: FlatBuffers, table: jax.Array, layout: StackLayout,
+                   num_minibatches: jax.Array) -> jax.Array:
+    """One device's activations, its entries pooled by `kernels.pool` (this wing's, or
+    another wing's that shares the rest of this one). Minibatches only add up
+    activations, so minibatched buffers are read in one pass (a loop with a traced trip
+    count costs a device-host round trip per iteration on GPUs)."""
     if not layout.minibatched:
-        return pool_entries(received_entries(flat, layout, None), table, layout, None, WING)
+        return pool_entries(received_entries(flat, layout, None), table, layout, None, kernels)
     entries, source = buffer_entries(*flat, layout, num_minibatches)
     per_device = layout.sc_per_device * layout.samples_per_sc
     segments = jnp.where(entries.valid, source * layout.samples_per_sc + entries.sample_ids,
                          per_device)
-    return WING.pool(table, local_rows(entries, layout, None), segments, entries.gains,
-                     per_device, layout.quantization)
+    return kernels.pool(table, local_rows(entries, layout, None), segments, entries.gains,
+                        per_device, layout.quantization)
 
 
 def update_local(flat: FlatBuffers, grads: jax.Array, variables: EmbeddingVariables,

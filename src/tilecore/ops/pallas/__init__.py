@@ -1,0 +1,22 @@
+"""The Pallas wing: GPU kernels written in Pallas for the Triton backend.
+
+Today one kernel, the lookup's sorted-segment gather and combine (`_pool`): the
+entries sorted by segment, then one program per block of output rows gathers
+their table rows and sums `gain · row` in float32 registers. Everything else (the
+update's per-row gradient sums, the optimizer, routing over a mesh) is the XLA
+wing's.
+
+Opt-in only: `$TILECORE_KERNELS=pallas` on a GPU backend (Triton compiles the
+kernels), `pallas-interpret` on any backend (Pallas's interpreter: the same kernel
+body run as XLA ops, slow; the tests use it on CPU against the numpy oracle). `auto`
+never picks this wing: the kernels have not yet been timed on a GPU against XLA's
+gather and `segment_sum`, and an unmeasured kernel is not made anyone's default.
+Its block sizes are first guesses for the same reason. Benchmark (not measured)::
+
+    TILECORE_KERNELS=pallas tilecore bench step --workload criteo26 --no-naive
+    TILECORE_KERNELS=xla    tilecore bench step --workload criteo26 --no-naive
+"""
+
+from ._wing import pallas_wing as pallas_wing
+
+__all__ = ["pallas_wing"]
