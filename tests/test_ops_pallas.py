@@ -1,13 +1,15 @@
 """The Pallas wing (`tilecore.ops.pallas`) on CPU, in Pallas's interpreter.
 
-- The kernel (`pool_rows`) against a numpy pool on random entries: several blocks
+- The kernel's two uses against numpy on random entries: the pool (`pool_rows`):
+  several blocks
   of output rows and a partial last one, empty segments, entries of segments out
   of range (negative, or the sentinel the ops give filler) whose rows and gains are
   the packed layout's filler (`FILLER_ID`, NaN), a width that is not a power of two,
-  and bfloat16 / float16 tables widened to float32.
-- `ops.lookup` with `TILECORE_KERNELS=pallas-interpret` against the numpy oracle
-  (`reference_lookup`): stacked features, weights, dropped IDs, a bfloat16 stack, the
-  plain and the minibatched buffer layouts.
+  and bfloat16 / float16 tables widened to float32; the update's gradient sums per
+  row (`row_gradients`): a hot row, filler.
+- `ops.lookup` and `ops.lookup_grad` with `TILECORE_KERNELS=pallas-interpret` against
+  the numpy oracle: stacked features, weights, dropped IDs, a bfloat16 stack, the
+  plain and the minibatched buffer layouts; two training steps.
 - The choice of wing: opt-in only, and `pallas` (Triton) refused off a GPU.
 - Lowering to Triton IR runs on CPU (cross-platform lowering for CUDA); compiling and
   running the kernel needs a GPU, so that test is skipped here.
@@ -25,10 +27,19 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from _ops_cases import Case, assert_close, preprocess, table
+from _ops_cases import (
+    RICH,
+    Case,
+    assert_close,
+    check_against_oracle,
+    oracle_steps,
+    preprocess,
+    run_steps,
+    table,
+)
 from tilecore import ops
 from tilecore.ops._backend import wing
-from tilecore.ops.pallas._pool import pool_rows
+from tilecore.ops.pallas._segments import pool_rows, row_gradients
 from tilecore.preprocessing._packed import FILLER_GAIN, FILLER_ID
 from tilecore.testing import reference_lookup
 
@@ -70,11 +81,30 @@ def _pooled(values: np.ndarray, rows: np.ndarray, segments: np.ndarray, gains: n
 
 
 @pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.float16])
-def test_kernel_matches_numpy(dtype: Any) -> None:
+def test_pool_matches_numpy(dtype: Any) -> None:
     values, rows, segments, gains = _entries(dtype)
     got = _pooled(values, rows, segments, gains)
     assert_close(got, _numpy_pool(values, rows, segments, gains))
     np.testing.assert_array_equal(got[[3, *range(30, SEGMENTS)]], 0.0)  # empty segments
+
+
+def test_row_gradients_match_numpy() -> None:
+    """Distinct rows ascending, then the sentinel; a hot row (a long segment), invalid
+    entries (filler) summed onto the sentinel, which the update drops."""
+    grads, samples, rows, gains = _entries(np.float32, seed=1, vocab=SEGMENTS)
+    valid = (rows >= 0) & (rows < SEGMENTS)  # the filler's rows are any, its gains NaN
+    samples[~valid] = 0  # as `sample_segments` gives them
+    sentinel = 99
+    unique, sums, count = jax.jit(lambda *a: row_gradients(*a, sentinel, interpret=True))(
+        rows, valid, samples, gains, grads)
+    assert count is None
+    distinct = np.unique(rows[valid])
+    np.testing.assert_array_equal(unique[:len(distinct)], distinct)
+    np.testing.assert_array_equal(unique[len(distinct):], sentinel)
+    want = np.zeros((len(distinct), grads.shape[1]))
+    np.add.at(want, np.searchsorted(distinct, rows[valid]),
+              gains[valid, None] * grads[samples[valid]])
+    assert_close(np.asarray(sums)[:len(distinct)], want)
 
 
 # --- the public lookup with the Pallas wing -------------------------------------------------
@@ -123,6 +153,18 @@ def test_lookup_matches_oracle(minibatched: bool, pallas_interpret: None) -> Non
     want = reference_lookup(_mixed(limits=not minibatched).plan(), inputs, weights, values)
     for feature, expected in want.items():
         assert_close(got[feature], expected, feature)
+
+
+def test_training_steps_match_oracle(pallas_interpret: None) -> None:
+    """Two jitted lookup + lookup_grad steps (Adagrad) equal the oracle's; both halves
+    call the kernel."""
+    plan = RICH.plan()
+    batch, _ = preprocess(plan, *RICH.batch(0))
+    grads = RICH.activation_grads(0)
+    variables = jax.eval_shape(lambda: ops.init_tables(plan, jax.random.key(0)))
+    update = jax.make_jaxpr(lambda b, v: ops.lookup_grad(plan, b, v, grads, 0))(batch, variables)
+    assert str(update).count("pallas_call") == len(plan.stacks)
+    check_against_oracle(RICH, run_steps(RICH, steps=2), oracle_steps(RICH, steps=2))
 
 
 # --- choosing the wing ----------------------------------------------------------------------

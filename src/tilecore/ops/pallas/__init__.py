@@ -1,15 +1,16 @@
 """The Pallas wing: GPU kernels written in Pallas for the Triton backend.
 
-Today one kernel, the lookup's sorted-segment gather and combine (`_pool`): the
-entries sorted by segment, then one program per block of output rows gathers
-their table rows and sums `gain · row` in float32 registers. Everything else (the
-update's per-row gradient sums, the optimizer, routing over a mesh) is the XLA
-wing's.
+Today one kernel, the sorted-segment gather and combine (`_segments`): entries
+sorted by segment, then one program per block of output rows gathers their rows of
+values and sums `gain · row` in float32 registers. It pools the lookup (table rows
+per sample) and sums the update's gradients per distinct row (gradient rows per
+table row); everything else (the optimizer, routing over a mesh, the minibatch
+layout) is the XLA wing's.
 
 Opt-in only: `$TILECORE_KERNELS=pallas` on a GPU backend (Triton compiles the
 kernels), `pallas-interpret` on any backend (Pallas's interpreter: the same kernel
 body run as XLA ops, slow; the tests use it on CPU against the numpy oracle). `auto`
-never picks this wing: the kernels have not yet been timed on a GPU against XLA's
+never picks this wing: the kernel has not yet been timed on a GPU against XLA's
 gather and `segment_sum`, and an unmeasured kernel is not made anyone's default.
 Its block sizes are first guesses for the same reason. Benchmark (not measured)::
 

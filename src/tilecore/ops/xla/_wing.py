@@ -84,19 +84,29 @@ def update_local(flat: FlatBuffers, grads: jax.Array, variables: EmbeddingVariab
                  layout: StackLayout, spec: OptimizerSpec, step: Any,
                  clip: tuple[float, float] | None, num_minibatches: jax.Array,
                  rounding: Rounding | None) -> EmbeddingVariables:
-    """One device's update. Every occurrence of a row lies in one minibatch
-    (preprocessing buckets rows by hash), so the minibatches update disjoint rows and
-    minibatched buffers are applied in a single pass: the same result as a pass per
-    minibatch, at about the standard layout's cost, without a loop that carries the
-    tables (at M=1 that loop made the criteo26 training step 2.1x the standard one
-    on CPU, 1.5x on GPU)."""
+    """One device's update (see `updated_locally`)."""
+    return updated_locally(WING, flat, grads, variables, layout, spec, step, clip,
+                           num_minibatches, rounding)
+
+
+def updated_locally(kernels: Wing, flat: FlatBuffers, grads: jax.Array,
+                    variables: EmbeddingVariables, layout: StackLayout, spec: OptimizerSpec,
+                    step: Any, clip: tuple[float, float] | None, num_minibatches: jax.Array,
+                    rounding: Rounding | None) -> EmbeddingVariables:
+    """One device's update by `kernels.row_gradients` and `kernels.apply_update` (this
+    wing's, or another's that shares the rest of this one). Every occurrence of a row
+    lies in one minibatch (preprocessing buckets rows by hash), so the minibatches
+    update disjoint rows and minibatched buffers are applied in a single pass: the same
+    result as a pass per minibatch, at about the standard layout's cost, without a loop
+    that carries the tables (at M=1 that loop made the criteo26 training step 2.1x the
+    standard one on CPU, 1.5x on GPU)."""
     if layout.minibatched:
         entries, source = buffer_entries(*flat, layout, num_minibatches)
     else:
         entries = received_entries(flat, layout, None)
         source = sources(entries)
-    return update_rows(entries, source, grads, variables, layout, spec, step, None, clip, WING,
-                       rounding)
+    return update_rows(entries, source, grads, variables, layout, spec, step, None, clip,
+                       kernels, rounding)
 
 
 WING = Wing(name="xla", pool=_pool_rows, row_gradients=row_gradients,
