@@ -7,8 +7,10 @@
   8 hexadecimal digits of a fixed 32-bit mix of (i, j), which the reader hashes
   into its vocabulary. About 2% of the fields are left empty.
 - `parquet` → `clicks.parquet`: the default `clicks` features (8; two multi-hot as
-  `list<int64>` columns), dense columns `d0` …, a `label` column, one row group
-  per 1024 rows, and the schema (roles, vocabularies) in the file metadata.
+  `list<int64>` columns, and one, `STRING_FEATURE`, as strings `"ad-<id>"`, which
+  the reader hashes into its table as it does any string), dense columns `d0` …, a
+  `label` column, one row group per 1024 rows, and the schema (roles,
+  vocabularies) in the file metadata.
 - `npz` → `clicks-npz/`: `.npz` click files (`write_click_files`), a fifth of the
   batches held out.
 """
@@ -32,6 +34,9 @@ SAMPLE_FILES: dict[str, str] = {"criteo-tsv": "clicks.tsv", "criteo-tsv-gz": "cl
                                 "parquet": "clicks.parquet", "npz": "clicks-npz"}
 _CRITEO_VOCAB = (1000, 5000, 20_000, 50_000, 100_000, 2000, 10_000, 500) * 3 + (300, 3000)
 _CHUNK = 1024
+STRING_FEATURE = "c01"
+"""The Parquet sample's feature written as string IDs (`"ad-<id>"`), the way logs often
+hold them."""
 
 
 def _batches(dataset: ClickDataset, rows: int, held_out: bool) -> list[tuple[ClickBatch, int]]:
@@ -85,6 +90,8 @@ def _write_parquet(path: Path, rows: int, seed: int, held_out: bool) -> None:
                 ragged = batch.sparse[f.name]
                 splits = ragged.row_splits[:count + 1]
                 values = pa.array(ragged.values[:splits[-1]].astype(np.int64))
+                if f.name == STRING_FEATURE:
+                    values = pa.array([f"ad-{v}" for v in values.to_pylist()], pa.string())
                 columns[f.name] = (values if f.max_ids == 1 else
                                    pa.ListArray.from_arrays(pa.array(splits.astype(np.int32)),
                                                             values))

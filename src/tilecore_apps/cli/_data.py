@@ -109,8 +109,8 @@ def add_parser(subparsers: Any) -> None:
             "can learn them) in each --format into --out, to inspect or to train on: "
             "criteo-tsv (clicks.tsv: label, 13 integer and 26 hexadecimal features, "
             "tab-separated, some fields empty), criteo-tsv-gz (clicks.tsv.gz), parquet "
-            "(clicks.parquet: label, dense float columns, integer and list<integer> ID "
-            "columns) and npz (clicks-npz/: .npz click files). Earlier samples there are "
+            "(clicks.parquet: label, dense float columns, integer, string and list<integer> "
+            "ID columns) and npz (clicks-npz/: .npz click files). Earlier samples there are "
             "replaced."),
     )
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="directory to write")
