@@ -23,14 +23,13 @@ from ._rounding import (
     moves_as_bits,
     rounding_bits,
     stochastic_round,
+    take_rows,
 )
 from ._variables import EmbeddingVariables
 
 
 def _xla_gather(array: jax.Array, rows: jax.Array) -> jax.Array:
-    if moves_as_bits(array.dtype):  # see `_rounding.moves_as_bits`
-        return from_bits(as_bits(array).at[rows].get(mode="clip"), array.dtype)
-    return array.at[rows].get(mode="clip")
+    return take_rows(array, rows, mode="clip")
 
 
 def _xla_scatter(array: jax.Array, rows: jax.Array, values: jax.Array) -> jax.Array:

@@ -13,7 +13,7 @@ from .._checks import quantize
 from .._layout import StackLayout
 from .._minibatching import buffer_entries
 from .._per_device import local_rows, pool_entries, received_entries, sources, update_rows
-from .._rounding import Rounding, as_bits, from_bits, moves_as_bits
+from .._rounding import Rounding, take_rows
 from .._sparse_update import apply_sparse_update
 from .._variables import EmbeddingVariables
 
@@ -21,10 +21,7 @@ from .._variables import EmbeddingVariables
 def _pool_rows(table: jax.Array, rows: jax.Array, segments: jax.Array, gains: jax.Array,
                num_segments: int, quantization: Any) -> jax.Array:
     """`Σ gain · table[row]` per segment (segments out of range are dropped)."""
-    if moves_as_bits(table.dtype):  # see `_rounding.moves_as_bits`
-        values = from_bits(jnp.take(as_bits(table), rows, axis=0), table.dtype)
-    else:
-        values = jnp.take(table, rows, axis=0)
+    values = take_rows(table, rows, mode="fill")  # as jnp.take: a row out of range reads NaN
     values = values.astype(jnp.float32)  # half-precision rows pool in float32
     if quantization is not None:
         values = quantize(values, quantization)
