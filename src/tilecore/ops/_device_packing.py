@@ -147,20 +147,12 @@ def _sort(st: StackStatic, segment: jax.Array, local_row: jax.Array, sample: jax
             (key & ((1 << sb) - 1)).astype(_I32), gain)
 
 
-def pack_stack(st: StackStatic, limits: jax.Array, ids: tuple[jax.Array, ...],
-               splits: tuple[jax.Array, ...], weights: tuple[jax.Array | None, ...]
-               ) -> dict[str, Any]:
-    """One stack's buffers `[local devices, size]`, its counts and its error flag;
-    `limits` = [max_ids_per_partition, max_unique_ids_per_partition]."""
-    n, g_count, slot = st.num_partitions, st.slices, st.slot
-    parts = [_feature_entries(st, f, i, s, w)
-             for f, i, s, w in zip(st.features, ids, splits, weights, strict=True)]
-    slice_, part, local_row, sample, gain, bad = (jnp.concatenate(x) for x in zip(*parts,
-                                                                                strict=True))
-    segment = slice_ * n + part
-    segment, local_row, sample, gain = _sort(st, segment, local_row, sample, gain)
+def _runs(segment: jax.Array, local_row: jax.Array, sample: jax.Array, gain: jax.Array,
+          valid: jax.Array) -> tuple[jax.Array, ...]:
+    """The sorted entries' runs: (first of a partition, first of a (partition, row) key,
+    first of an entry, the entry's run length, its merged gain). Entry i's gain is
+    gain[i] + gain[i+1] + ... over its run, left to right (as the host adds them)."""
     size = segment.shape[0]
-    valid = segment < g_count * n
     index = jnp.arange(size, dtype=_I32)
 
     def changed(x: jax.Array) -> jax.Array:
@@ -169,7 +161,6 @@ def pack_stack(st: StackStatic, limits: jax.Array, ids: tuple[jax.Array, ...],
     new_part = changed(segment)
     new_key = new_part | changed(local_row)
     entry = (new_key | changed(sample)) & valid
-    # Merge: entry i's gain is gain[i] + gain[i+1] + ... over its run, left to right.
     next_entry = lax.cummin(jnp.where(entry | ~valid, index, size), axis=0, reverse=True)
     run = jnp.concatenate([next_entry[1:], jnp.full(1, size, _I32)]) - index
     run = jnp.where(entry, run, 0)
@@ -177,17 +168,15 @@ def pack_stack(st: StackStatic, limits: jax.Array, ids: tuple[jax.Array, ...],
         1, jnp.max(run, initial=1),
         lambda r, acc: jnp.where(r < run, acc + gain[jnp.minimum(index + r, size - 1)], acc),
         gain)
-    rank = _exclusive_rank(entry, new_part)
-    unique_rank = _exclusive_rank(new_key & valid, new_part)
-    keep = entry & (rank <= limits[0]) & (unique_rank <= limits[1])
-    target = jnp.where(valid, segment, g_count * n)
+    return new_part, new_key, entry, run, merged
 
-    def per_segment(x: jax.Array) -> jax.Array:
-        return jax.ops.segment_sum(x.astype(_I32), target, g_count * n,
-                                   indices_are_sorted=True).reshape(g_count, n)
 
-    ids_count, unique_count, kept = (per_segment(x) for x in (entry, new_key & valid, keep))
-    dropped = jnp.sum(jnp.where(entry & ~keep, run, 0), dtype=_I32)
+def _places(st: StackStatic, kept: jax.Array, segment: jax.Array, rank: jax.Array,
+            keep: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Where the kept entries go: (row pointers `[slices, pointers]`, each entry's flat
+    position in the `[slices · slot]` buffers (past the end: not written), entries that
+    did not fit a slot). Each partition starts aligned after the previous one."""
+    n, g_count, slot = st.num_partitions, st.slices, st.slot
 
     def place(end: jax.Array, kept_p: jax.Array) -> tuple[jax.Array, tuple[jax.Array, ...]]:
         start = align_up(end)
@@ -202,7 +191,35 @@ def pack_stack(st: StackStatic, limits: jax.Array, ids: tuple[jax.Array, ...],
     g = jnp.minimum(segment // n, g_count - 1)
     where = starts.T[g, segment % n] + rank - 1
     written = keep & (where < slot)
-    at = jnp.where(written, g * slot + where, g_count * slot)
+    return pointers, jnp.where(written, g * slot + where, g_count * slot), overflow
+
+
+def pack_stack(st: StackStatic, limits: jax.Array, ids: tuple[jax.Array, ...],
+               splits: tuple[jax.Array, ...], weights: tuple[jax.Array | None, ...]
+               ) -> dict[str, Any]:
+    """One stack's buffers `[local devices, size]`, its counts and its error flag;
+    `limits` = [max_ids_per_partition, max_unique_ids_per_partition]."""
+    n, g_count, slot = st.num_partitions, st.slices, st.slot
+    parts = [_feature_entries(st, f, i, s, w)
+             for f, i, s, w in zip(st.features, ids, splits, weights, strict=True)]
+    slice_, part, local_row, sample, gain, bad = (jnp.concatenate(x) for x in zip(*parts,
+                                                                                strict=True))
+    segment = slice_ * n + part
+    segment, local_row, sample, gain = _sort(st, segment, local_row, sample, gain)
+    valid = segment < g_count * n
+    new_part, new_key, entry, run, merged = _runs(segment, local_row, sample, gain, valid)
+    rank = _exclusive_rank(entry, new_part)
+    unique_rank = _exclusive_rank(new_key & valid, new_part)
+    keep = entry & (rank <= limits[0]) & (unique_rank <= limits[1])
+    target = jnp.where(valid, segment, g_count * n)
+
+    def per_segment(x: jax.Array) -> jax.Array:
+        return jax.ops.segment_sum(x.astype(_I32), target, g_count * n,
+                                   indices_are_sorted=True).reshape(g_count, n)
+
+    ids_count, unique_count, kept = (per_segment(x) for x in (entry, new_key & valid, keep))
+    dropped = jnp.sum(jnp.where(entry & ~keep, run, 0), dtype=_I32)
+    pointers, at, overflow = _places(st, kept, segment, rank, keep)
 
     def scatter(filler: Any, values: jax.Array) -> jax.Array:
         out = jnp.full(g_count * slot, filler, values.dtype)
