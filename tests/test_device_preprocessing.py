@@ -217,8 +217,7 @@ def test_flat_buffers_and_larger_batches() -> None:
 def test_choice_of_side() -> None:
     plan = PLANS["1x4"]
     minibatching = plan.with_config(enable_minibatching=True)
-    on_gpu = jax.default_backend() == "gpu"
-    assert ops.resolve_preprocess_on("auto", plan) == ("device" if on_gpu else "host")
+    assert ops.resolve_preprocess_on("auto", plan) == "host"  # measured faster, GPUs too
     assert ops.resolve_preprocess_on("auto", minibatching) == "host"
     assert ops.resolve_preprocess_on("device", plan) == "device"
     with pytest.raises(ValueError, match="preprocess_on must be"):

@@ -84,9 +84,9 @@ def add_parser(subparsers: Any) -> None:
     add_threads_option(p)
     p.add_argument("--preprocess-on", choices=("host", "device", "auto"), default="auto",
                    help="where batches are packed: the host (numpy/numba), the device (a jitted "
-                        "program, the same bits; needs --no-minibatching) or auto: the device "
-                        "on GPUs without minibatching or --input-processes, else the host "
-                        "(default auto)")
+                        "program, the same bits; needs --no-minibatching and no "
+                        "--input-processes) or auto: the side measured faster, today the "
+                        "host (default auto)")
     p.add_argument("--tune-batches", type=positive_int, default=4,
                    help="batches the limits are tuned on before training (default 4)")
     p.add_argument("--headroom", type=nonnegative_float, default=0.1,

@@ -48,8 +48,8 @@ class TrainConfig:
       num_threads: preprocessing threads per batch (None: tilecore's default).
       preprocess_on: where batches are packed (`tilecore.ops.preprocess_batch`):
         "host", "device" (the same bits; needs `minibatching=False` and no
-        `input_processes`, which are host-side), or "auto": the device on GPUs when
-        neither is asked for, else the host.
+        `input_processes`, which are host-side), or "auto": the side measured
+        faster, today the host (`tilecore.ops.PreprocessOn`).
       seed: seed of the model's initial values.
       profile_dir: write a `jax.profiler` trace of the training loop here.
       checkpoint_dir: save the state here (tilecore.checkpoint, the newest 2
