@@ -10,9 +10,9 @@ layout) is the XLA wing's.
 Opt-in only: `$TILECORE_KERNELS=pallas` on a GPU backend (Triton compiles the
 kernels), `pallas-interpret` on any backend (Pallas's interpreter: the same kernel
 body run as XLA ops, slow; the tests use it on CPU against the numpy oracle). `auto`
-never picks this wing: the kernel has not yet been timed on a GPU against XLA's
-gather and `segment_sum`, and an unmeasured kernel is not made anyone's default.
-Its block sizes are first guesses for the same reason. Benchmark (not measured)::
+never picks this wing: timed on an NVIDIA H200 (criteo26, batch 4096, Adagrad) its step
+took 10.7 ms against XLA's 1.9 ms and its forward 1.5 ms against 0.55 ms. Its block
+sizes are first guesses, not tuned. Benchmark::
 
     TILECORE_KERNELS=pallas tilecore bench step --workload criteo26 --no-naive
     TILECORE_KERNELS=xla    tilecore bench step --workload criteo26 --no-naive

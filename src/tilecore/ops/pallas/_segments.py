@@ -21,7 +21,8 @@ memory (XLA's gather and `segment_sum` write every gathered row out and
 scatter-add it back); each segment sums in buffer order, so a result is the same
 on every run. An index outside `values` contributes nothing, as in the CPU wing.
 
-The block size and warp count are first guesses, not measurements, and a block
+The block size and warp count are first guesses, not tuned (the whole wing measured
+3-5x slower than XLA's on an H200, see `tilecore.ops.pallas`), and a block
 waits for its longest segment: a hot row with many entries keeps its block's
 other lanes idle in `row_gradients` (see `tilecore.ops.pallas`).
 """
@@ -39,7 +40,7 @@ from jax.experimental.pallas import triton as plgpu
 from .._backend import RowGradients
 
 _LANES_PER_PROGRAM = 2048
-"""Target `B · D` accumulator lanes of one program (a guess: unmeasured)."""
+"""Target `B · D` accumulator lanes of one program (a guess, not tuned)."""
 _MAX_SEGMENTS_PER_PROGRAM = 16
 """Upper bound on `B`: a block waits for its longest segment, so small blocks waste
 fewer steps on skewed segment lengths."""
