@@ -18,7 +18,7 @@ from tilecore import data, ops
 from tilecore_apps._devices import with_device_count
 from tilecore_apps.bench._fused import OPTIMIZERS, bench_features, fused_step, projections
 from tilecore_apps.bench._naive import naive_inputs, naive_optimizer, naive_step
-from tilecore_apps.bench._peer import forward_bytes
+from tilecore_apps.bench._peer import forward_bytes, update_bytes
 from tilecore_apps.bench._step import _argv
 from tilecore_apps.cli import main
 from tilecore_apps.cli._main import build_parser
@@ -152,5 +152,24 @@ def test_forward_bandwidth_is_reported(tmp_path: Path) -> None:
     assert result["copy_bandwidth_gb_s"] > 0.1 and result["forward_gb_s"] > 0
     assert result["forward_fraction_of_copy"] == pytest.approx(
         result["forward_gb_s"] / result["copy_bandwidth_gb_s"])
+    assert result["update_ms"] == pytest.approx(result["step_ms"] - result["forward_ms"])
+    assert result["update_fraction_of_copy"] == pytest.approx(
+        result["update_gb_s"] / result["copy_bandwidth_gb_s"])
     # The timed calls' peak holds the tables and batches, and is part of the run's.
     assert 0 < result["step_peak_rss_mb"] <= result["peak_rss_mb"] + 1
+
+
+def test_update_bytes_count_each_touched_row_once() -> None:
+    """Distinct rows per table (features sharing a table share them), each read and written
+    with its slots; activation gradients read once."""
+    table = tc.TableSpec(name="t", vocab_size=100, embedding_dim=4, combiner="sum")
+    other = tc.TableSpec(name="u", vocab_size=100, embedding_dim=8, combiner="sum")
+    features = [tc.FeatureSpec(name="a", table=table, input_shape=(2, 2)),
+                tc.FeatureSpec(name="b", table=table, input_shape=(2, 1)),
+                tc.FeatureSpec(name="c", table=other, input_shape=(2, 2))]
+    batch = {"a": tc.Ragged.from_rows([[1, 2], [2]]), "b": tc.Ragged.from_rows([[2], [3]]),
+             "c": tc.Ragged.from_rows([[5, 5], [5]])}
+    slots = 1  # Adagrad's accumulator
+    rows = 3 * 4 * (4 + 4 * slots) + 1 * 8 * (4 + 4 * slots)  # t: rows 1, 2, 3; u: row 5
+    assert update_bytes(features, [batch], 2, slots) == 2 * rows + 4 * 2 * (4 + 4 + 8)
+

@@ -100,8 +100,10 @@ def test_input_rate_with_worker_processes_counts_their_bad_rows(tmp_path: Path) 
 def test_bench_train_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "train.json"
     assert main(["bench", "train", "--batch-size", "64", "--steps", "3", "--repeats", "1",
-                 "--staged", "2", "--threads", "1", "--json", str(out)]) == 0
+                 "--staged", "2", "--threads", "1", "--preprocess-on", "host",
+                 "--json", str(out)]) == 0
     result = json.loads(out.read_text())
+    assert result["preprocess_on"] == "host"
     for key in ("train_examples_per_s", "staged_examples_per_s", "input_examples_per_s"):
         assert math.isfinite(result[key]) and result[key] > 0
     assert result["train_over_staged"] == pytest.approx(

@@ -82,14 +82,27 @@ def run_peer(python: Path, features: Sequence[tc.FeatureSpec],
         return json.loads(output.read_text())
 
 
-def copy_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
-    """Bytes per second (read + written) of the best of `repeats` large numpy copies."""
-    source = np.ones(megabytes * 2**20 // 4, np.float32)
-    target = np.empty_like(source)
+def copy_bandwidth(repeats: int = 5) -> float:
+    """Bytes per second (read + written) of the best of `repeats` large copies where the
+    tables live: a numpy copy of 256 MiB on CPU, a jitted copy of 1 GiB on the default
+    accelerator (its memory system, not the host's, bounds the kernels there)."""
+    import jax
+
+    if jax.default_backend() == "cpu":
+        source = np.ones(256 * 2**20 // 4, np.float32)
+        target = np.empty_like(source)
+        copy = lambda: np.copyto(target, source)  # noqa: E731
+    else:
+        import jax.numpy as jnp
+
+        source = jnp.ones(2**30 // 4, jnp.float32)
+        add = jax.jit(lambda x: x + 1)  # read once, written once; not elided like x * 1
+        add(source).block_until_ready()
+        copy = lambda: add(source).block_until_ready()  # noqa: E731
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        np.copyto(target, source)
+        copy()
         best = min(best, time.perf_counter() - start)
     return 2 * source.nbytes / best
 
@@ -101,3 +114,22 @@ def forward_bytes(features: Sequence[tc.FeatureSpec], batches: Sequence[Mapping[
     reads = np.mean([sum(len(b[f.name].values) * f.table.embedding_dim
                          * f.table.weights_dtype.itemsize for f in features) for b in batches])
     return float(reads) + 4 * batch_size * sum(f.table.embedding_dim for f in features)
+
+
+def update_bytes(features: Sequence[tc.FeatureSpec], batches: Sequence[Mapping[str, tc.Ragged]],
+                 batch_size: int, slots: int) -> float:
+    """Mean bytes the backward pass and the fused update must move: the activations'
+    gradients read once (float32), and each table row an ID touches (once per distinct
+    row, as every sorted-segment update does) read and written with its `slots` float32
+    slot rows. The yardstick of FBGEMM's "backward + fused optimizer" bandwidth."""
+    tables: dict[str, tuple[tc.TableSpec, list[str]]] = {}
+    for f in features:
+        tables.setdefault(f.table.name, (f.table, []))[1].append(f.name)
+    moved = []
+    for b in batches:
+        rows = 0.0
+        for table, names in tables.values():
+            touched = np.unique(np.concatenate([np.asarray(b[n].values) for n in names])).size
+            rows += touched * table.embedding_dim * (table.weights_dtype.itemsize + 4 * slots)
+        moved.append(2 * rows)
+    return float(np.mean(moved)) + 4 * batch_size * sum(f.table.embedding_dim for f in features)

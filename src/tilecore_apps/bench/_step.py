@@ -207,14 +207,21 @@ def _peer(args: argparse.Namespace, features: list[tc.FeatureSpec],
           raw: list[dict[str, tc.Ragged]], optimizer: tc.OptimizerSpec,
           timing: Mapping[str, int], batch_size: int, forward_s: float, step_s: float
           ) -> dict[str, Any]:
-    """The forward's bytes/s against the copy bandwidth; with --peer-python, FBGEMM's times
-    on the same batches and the ratios (FBGEMM's time / tilecore's: > 1 means faster)."""
-    from ._peer import copy_bandwidth, forward_bytes, run_peer
+    """The forward's and the update's bytes/s against the copy bandwidth where the tables
+    live (the update's time is the step's less the forward's); with --peer-python,
+    FBGEMM's times on the same batches and the ratios (FBGEMM's time / tilecore's: > 1
+    means faster)."""
+    from ._peer import copy_bandwidth, forward_bytes, run_peer, update_bytes
 
     copy = copy_bandwidth()
     moved = forward_bytes(features, raw, batch_size) / forward_s
+    slots = len(optimizer.slot_names)
+    update_s = max(step_s - forward_s, 1e-9)
+    updated = update_bytes(features, raw, batch_size, slots) / update_s
     out: dict[str, Any] = {"copy_bandwidth_gb_s": copy / 1e9, "forward_gb_s": moved / 1e9,
-                           "forward_fraction_of_copy": moved / copy}
+                           "forward_fraction_of_copy": moved / copy,
+                           "update_ms": update_s * 1e3, "update_gb_s": updated / 1e9,
+                           "update_fraction_of_copy": updated / copy}
     if args.peer_python is None:
         return out
     peer = run_peer(args.peer_python, features, raw, optimizer, args.optimizer, timing,
@@ -304,10 +311,13 @@ def _print(r: dict[str, Any]) -> None:
         _row("fused forward", r["forward_ms"], r["forward_examples_per_s"], r["forward_ids_per_s"]),
         _row("fused step", r["step_ms"], r["examples_per_s"], r["ids_per_s"]),
     ]
-    lines.append(f"  forward moves {r['forward_gb_s']:.1f} GB/s, "
+    lines += [f"  forward moves {r['forward_gb_s']:.1f} GB/s, "
                  f"{100 * r['forward_fraction_of_copy']:.0f}% of this machine's copy bandwidth "
-                 f"({r['copy_bandwidth_gb_s']:.1f} GB/s); peak memory of the timed calls "
-                 f"{r['step_peak_rss_mb']:,.0f} MB (of the run {r['peak_rss_mb']:,.0f} MB)")
+                 f"({r['copy_bandwidth_gb_s']:.1f} GB/s); the update (step less forward, "
+                 f"{r['update_ms']:.2f} ms) {r['update_gb_s']:.1f} GB/s, "
+                 f"{100 * r['update_fraction_of_copy']:.0f}%",
+              f"  peak memory of the timed calls "
+              f"{r['step_peak_rss_mb']:,.0f} MB (of the run {r['peak_rss_mb']:,.0f} MB)"]
     if "peer_step_ms" in r:
         ids = r["ids_per_batch"]
         lines += [

@@ -49,6 +49,10 @@ def add_parser(kinds: Any) -> None:
     p.add_argument("--input-processes", type=int, default=0, metavar="N",
                    help="prepare batches in N worker processes (default 0: prefetch threads)")
     add_threads_option(p)
+    p.add_argument("--preprocess-on", choices=("host", "device", "auto"), default="auto",
+                   help="where batches are packed, as `tilecore train --preprocess-on` "
+                        "(device: in the main process, without minibatching, no "
+                        "--input-processes; default auto)")
     p.add_argument("--no-pipelining", dest="pipelining", action="store_false",
                    help="plain steps instead of pipelined ones")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="write results here")
@@ -78,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
     config = dlrm.TrainConfig(
         steps=args.steps, eval_every=args.steps, eval_batches=1, prefetch=args.prefetch,
         input_processes=args.input_processes, num_threads=args.threads,
-        pipelining=args.pipelining)
+        pipelining=args.pipelining, preprocess_on=args.preprocess_on,
+        minibatching=args.preprocess_on != "device")
     staged = dataclasses.replace(config, staged_batches=args.staged, input_processes=0)
     runs: dict[str, list[float]] = {"input": [], "staged": [], "train": []}
     waits = []
@@ -107,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
         "prefetch": args.prefetch,
         "input_processes": args.input_processes,
         "threads": args.threads,
+        "preprocess_on": args.preprocess_on,
         "pipelining": args.pipelining,
         "backend": jax.default_backend(),
         "device": str(jax.devices()[0].device_kind),
