@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import flax.nnx as nnx
@@ -399,6 +400,21 @@ def test_decompress_checkpoint(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
     (tmp_path / "bad.tgz").write_bytes(b"not an archive")
     with pytest.raises(ValueError, match=r"bad\.tgz"):
         cu.decompress_checkpoint(str(tmp_path / "bad.tgz"))
+
+
+@pytest.mark.skipif(not hasattr(tarfile, "data_filter"),
+                    reason="this Python's tarfile has no extraction filters (3.11.4+)")
+def test_decompress_checkpoint_keeps_members_inside(monkeypatch: pytest.MonkeyPatch,
+                                                    tmp_path: Path) -> None:
+    """A hostile archive's member outside the output directory is refused, not written."""
+    payload = tmp_path / "payload"
+    payload.write_text("x")
+    with tarfile.open(tmp_path / "evil.tgz", "w:gz") as tar:
+        tar.add(payload, arcname="../../escaped")
+    monkeypatch.setenv("TEST_UNDECLARED_OUTPUTS_DIR", str(tmp_path / "out"))
+    with pytest.raises(ValueError, match=r"evil\.tgz.*outside"):
+        cu.decompress_checkpoint(str(tmp_path / "evil.tgz"))
+    assert not (tmp_path / "out" / "escaped").exists()
 
 
 def test_public_names() -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import tarfile
 import typing
 from pathlib import Path
 from typing import Any
@@ -92,9 +93,12 @@ def decompress_checkpoint(checkpoint_path: str) -> str:
     out = Path(testdir) / "decompressed_checkpoints" / name.removesuffix(".tgz")
     out.mkdir(parents=True, exist_ok=True)
     _log.info("Decompressing checkpoint %s to %s", checkpoint_path, out)
+    # The "data" filter refuses members that would land outside `out` (absolute paths,
+    # "..", links pointing out) or be devices; Python 3.14 makes it the default.
+    safe: dict[str, typing.Any] = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
     try:
-        shutil.unpack_archive(checkpoint_path, out)
-    except (shutil.ReadError, ValueError, OSError, EOFError) as err:
+        shutil.unpack_archive(checkpoint_path, out, **safe)
+    except (shutil.ReadError, tarfile.TarError, ValueError, OSError, EOFError) as err:
         raise ValueError(f"Cannot unpack checkpoint archive {checkpoint_path}: {err}. Pass a "
                          "complete .tgz archive of a checkpoint directory.") from err
     return os.fspath(out)
