@@ -106,6 +106,9 @@ def test_peer_python_is_checked_before_anything_runs(capsys: pytest.CaptureFixtu
     assert main(["bench", "step", "--optimizer", "adam", "--peer-python", sys.executable,
                  *TINY]) == 2
     assert "no exact counterpart of 'adam'" in capsys.readouterr().err
+    assert main(["bench", "step", "--weights-dtype", "bfloat16", "--peer-python",
+                 sys.executable, *TINY]) == 2
+    assert "do not train bfloat16" in capsys.readouterr().err
     if importlib.util.find_spec("torch") is None:
         assert main(["bench", "step", "--peer-python", sys.executable, *TINY]) == 2
         err = capsys.readouterr().err
@@ -117,12 +120,14 @@ PEER_PYTHON = os.environ.get("TILECORE_FBGEMM_PYTHON")
 
 @pytest.mark.skipif(not PEER_PYTHON, reason="set TILECORE_FBGEMM_PYTHON to a Python with torch "
                     "and fbgemm-gpu-cpu to run FBGEMM beside tilecore")
-def test_bench_step_runs_fbgemm_on_the_same_batches(tmp_path: Path) -> None:
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_bench_step_runs_fbgemm_on_the_same_batches(tmp_path: Path, dtype: str) -> None:
     out = tmp_path / "peer.json"
     assert main(["bench", "step", "--optimizer", "sgd", "--no-naive", "--repeats", "2",
                  "--warmup", "1", "--peer-python", str(PEER_PYTHON), "--json", str(out),
-                 *TINY]) == 0
+                 "--weights-dtype", dtype, *TINY]) == 0
     result = json.loads(out.read_text())
+    assert result["peer_weights_precision"] == {"float32": "fp32", "float16": "fp16"}[dtype]
     assert result["peer_step_ms"] > 0 and result["peer_forward_ms"] > 0
     assert result["peer_step_ratio"] == pytest.approx(result["peer_step_ms"] / result["step_ms"])
     assert "fbgemm" in result["peer_versions"]

@@ -26,6 +26,10 @@ PEER_OPTIMIZERS = {"sgd": "sgd", "adagrad": "adagrad"}
 FBGEMM's CPU kernels train with SGD, Adagrad and row-wise Adagrad only (not Adam);
 tilecore has no row-wise Adagrad."""
 
+PEER_WEIGHTS = {"float32": "fp32", "float16": "fp16"}
+"""tilecore table storage → FBGEMM's `weights_precision` (both round updates of half
+tables stochastically). FBGEMM's CPU kernels do not train bfloat16 tables."""
+
 PEER_WARMUP = 5
 """FBGEMM's first backward calls run several times slower than later ones (its own set-up):
 the peer warms up at least this many calls."""
@@ -33,11 +37,16 @@ the peer warms up at least this many calls."""
 _SCRIPT = Path(__file__).parent / "peers" / "fbgemm_tbe.py"
 
 
-def check_peer(python: Path, optimizer: str) -> None:
-    """Raise ValueError unless `python` can run the peer for `optimizer`."""
+def check_peer(python: Path, optimizer: str, weights_dtype: str = "float32") -> None:
+    """Raise ValueError unless `python` can run the peer for `optimizer` on tables stored as
+    `weights_dtype`."""
     if optimizer not in PEER_OPTIMIZERS:
         raise ValueError(f"bench step: --peer-python compares {sorted(PEER_OPTIMIZERS)} "
                          f"(FBGEMM has no exact counterpart of {optimizer!r}).")
+    if weights_dtype not in PEER_WEIGHTS:
+        raise ValueError(f"bench step: --peer-python compares {sorted(PEER_WEIGHTS)} tables "
+                         f"(FBGEMM's CPU kernels do not train {weights_dtype} ones); drop it "
+                         f"or --weights-dtype {weights_dtype}.")
     probe = subprocess.run(
         [str(python), "-c", "import torch, fbgemm_gpu.split_table_batched_embeddings_ops_training"],
         capture_output=True, text=True, check=False)
@@ -58,6 +67,7 @@ def run_peer(python: Path, features: Sequence[tc.FeatureSpec],
                       "dim": f.table.embedding_dim, "combiner": f.table.combiner}
                      for f in features],
         "optimizer": PEER_OPTIMIZERS[optimizer_name],
+        "weights": PEER_WEIGHTS[features[0].table.weights_dtype.name],
         "learning_rate": float(learning_rate) if not callable(learning_rate) else 0.01,
         "batches": len(batches), "seed": seed, "threads": len(os.sched_getaffinity(0)),
         **timing, "warmup": max(PEER_WARMUP, timing["warmup"]),

@@ -79,8 +79,8 @@ def add_parser(kinds: Any) -> None:
     p.add_argument("--no-naive", action="store_true", help="skip the naive step")
     p.add_argument("--peer-python", type=Path, default=None, metavar="PYTHON",
                    help="also time FBGEMM's table-batched embeddings (forward, and the step "
-                        "with the same optimizer fused: sgd or adagrad) on the same "
-                        "batches, run by this Python (a venv with torch and fbgemm-gpu-cpu; "
+                        "with the same optimizer fused: sgd or adagrad; float32 or float16 "
+                        "tables) on the same batches, run by this Python (a venv with torch and fbgemm-gpu-cpu; "
                         "never a tilecore dependency), and print the ratios. Pin the threads "
                         "of both with taskset, e.g. `taskset -c 0 tilecore bench step ...`")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="write results here")
@@ -124,13 +124,10 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError(f"bench step: --threads must be >= 1, got {args.threads}.")
     if args.max_vocab is not None and args.max_vocab < 1:
         raise ValueError(f"bench step: --max-vocab must be >= 1, got {args.max_vocab}.")
-    if args.peer_python is not None and args.weights_dtype != "float32":
-        raise ValueError(f"bench step: --peer-python compares float32 tables; drop it or "
-                         f"--weights-dtype {args.weights_dtype}.")
     if args.peer_python is not None:
         from ._peer import check_peer
 
-        check_peer(args.peer_python, args.optimizer)
+        check_peer(args.peer_python, args.optimizer, args.weights_dtype)
     if not args.no_naive:
         try:
             import optax  # noqa: F401
@@ -230,6 +227,7 @@ def _peer(args: argparse.Namespace, features: list[tc.FeatureSpec],
                peer_threads=peer["threads"], peer_peak_rss_mb=peer["peak_rss_mb"],
                peer_step_peak_rss_mb=peer["step_peak_rss_mb"],
                peer_versions=f"torch {peer['torch_version']}, fbgemm {peer['fbgemm_version']}",
+               peer_weights_precision=peer["weights_precision"],
                peer_forward_ratio=peer["forward_s"] / forward_s,
                peer_step_ratio=peer["step_s"] / step_s)
     return out

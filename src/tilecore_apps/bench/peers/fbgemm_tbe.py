@@ -7,12 +7,13 @@ tilecore dependency); it imports neither tilecore nor JAX:
     PYTHON fbgemm_tbe.py BATCHES.npz RESULT.json
 
 `BATCHES.npz` holds `meta` (JSON: features with their table, vocabulary, width
-and combiner; optimizer and learning rate; warm-up, repeats, threads) and per
-batch `i` and feature `f` the arrays `b<i>/<f>/values` and `b<i>/<f>/row_splits`:
-the same IDs tilecore's step sees. The step mirrors tilecore's: forward through
-one `SplitTableBatchedEmbeddingBagsCodegen` holding every table, the same dense
-loss (`0.5·mean_b‖Σ_f act_f·W_f‖²`), backward with the optimizer fused (exact,
-on the touched rows). Times are medians of `repeats` calls after `warmup`;
+and combiner; optimizer and learning rate; the tables' storage `weights`, fp32 or
+fp16; warm-up, repeats, threads) and per batch `i` and feature `f` the arrays
+`b<i>/<f>/values` and `b<i>/<f>/row_splits`: the same IDs tilecore's step sees. The
+step mirrors tilecore's: forward through one `SplitTableBatchedEmbeddingBagsCodegen`
+holding every table, the same dense loss (`0.5·mean_b‖Σ_f act_f·W_f‖²`), backward
+with the optimizer fused (exact, on the touched rows; half tables rounded
+stochastically). Times are medians of `repeats` calls after `warmup`;
 `peak_rss_mb` is the process's peak resident memory, `step_peak_rss_mb` its peak
 during the timed calls (the high-water mark is reset once the tables and batches
 are built, as tilecore's side does).
@@ -56,7 +57,7 @@ def _reset_peak_rss() -> None:
 
 def main(batches_path: str, result_path: str) -> None:
     import torch
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
         BoundsCheckMode,
         EmbeddingLocation,
@@ -86,6 +87,9 @@ def main(batches_path: str, result_path: str) -> None:
         optimizer=optimizer, learning_rate=float(meta["learning_rate"]), eps=1e-8,
         pooling_mode=PoolingMode.SUM if combiners == {"sum"} else PoolingMode.MEAN,
         bounds_check_mode=BoundsCheckMode.NONE,  # tilecore's device ops do not range-check
+        weights_precision={"fp32": SparseType.FP32, "fp16": SparseType.FP16}[
+            meta.get("weights", "fp32")],
+        stochastic_rounding=True,  # as tilecore's half tables
         device=torch.device("cpu"),
     )
     inputs = []
@@ -125,6 +129,7 @@ def main(batches_path: str, result_path: str) -> None:
         "torch_version": torch.__version__,
         "fbgemm_version": getattr(fbgemm_gpu, "__version__", "unknown"),
         "optimizer": str(optimizer),
+        "weights_precision": str(embedding.weights_precision),
     }
     with open(result_path, "w") as out:
         json.dump(result, out)
