@@ -197,6 +197,34 @@ def test_invalid_inputs_raise_the_host_error(damage: str) -> None:
     assert isinstance(error, ValueError) and re.search("Feature 'f[12]'", str(error))
 
 
+def test_long_duplicate_runs_merge_as_on_the_host() -> None:
+    """A sample repeating one ID many times (runs of 9 to 38 entries to merge), with
+    weights that differ: the merged gains are the host's bits (the same additions in the
+    same order)."""
+    plan = PLANS["1x4"]
+    inputs, weights = _inputs(plan, 3, empty=0.0, duplicates=0.0, zipf=False, dense=False,
+                              weighted=(*WEIGHTED, "f0"))
+    rng = np.random.default_rng(5)
+    f0 = inputs["f0"]
+    repeats = {1: 37, 2: 9, 3: 8}  # row -> extra copies of one ID
+    values, splits, w = list(f0.values), [0], list(weights["f0"])
+    for row in range(len(f0.row_splits) - 1):
+        start, end = f0.row_splits[row], f0.row_splits[row + 1]
+        extra = repeats.get(row, 0)
+        splits.append(splits[-1] + end - start + extra)
+    for row in sorted(repeats, reverse=True):
+        at = f0.row_splits[row + 1]
+        values[at:at] = [row + 3] * repeats[row]
+        w[at:at] = rng.uniform(0.1, 3.0, repeats[row]).astype(np.float32).tolist()
+    inputs["f0"] = tc.Ragged(np.asarray(values, np.int32), np.asarray(splits))
+    weights["f0"] = np.asarray(w, np.float32)
+    for name in plan.stacks:  # room for every ID: nothing raises, nothing drops
+        plan = plan.with_stack_limits(name, max_ids_per_partition=512,
+                                      max_unique_ids_per_partition=512)
+    stats = assert_same(plan, inputs, weights)
+    assert not isinstance(stats, Exception) and not any(stats.id_drop_counters.values()), stats
+
+
 def test_flat_buffers_and_larger_batches() -> None:
     """No leading dimension, a weighted `sum`, and a batch with more IDs than the specs
     declare per row (a larger, power-of-two capacity): one more compiled program."""
