@@ -96,18 +96,16 @@ def preprocess_on_device(
     if any(bool(c["bad"]) for c in counts):
         explain_input_error(plan, inputs, weights)
 
-    def per_stack(key: str) -> dict[str, Any]:
-        return {name: c[key] for name, c in zip(plan.stacks, counts, strict=True)}
+    def per_stack(key: str, convert: Any = lambda v: np.asarray(v, np.int32)) -> dict[str, Any]:
+        return {name: convert(c[key]) for name, c in zip(plan.stacks, counts, strict=True)}
 
     stats = PreprocessStats(
-        max_ids_per_partition={k: np.asarray(v, np.int32) for k, v in per_stack("max_ids").items()},
-        max_unique_ids_per_partition={
-            k: np.asarray(v, np.int32) for k, v in per_stack("max_unique").items()},
-        required_buffer_size_per_sc={
-            k: np.asarray(v, np.int32) for k, v in per_stack("required").items()},
-        id_drop_counters={k: int(v) for k, v in per_stack("dropped").items()},
+        max_ids_per_partition=per_stack("max_ids"),
+        max_unique_ids_per_partition=per_stack("max_unique"),
+        required_buffer_size_per_sc=per_stack("required"),
+        id_drop_counters=per_stack("dropped", int),
     )
-    overflow = {k: int(v) for k, v in per_stack("overflow").items()}
+    overflow = per_stack("overflow", int)
     check_counts(plan, stats, overflow, minibatched=False, stacklevel=3)
     stacks = {}
     for name, o in zip(plan.stacks, out, strict=True):

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..stacking import StackingPlan
-from ._inputs import Csr, check_feature_names
+from ._inputs import Csr, checked_names
 from ._layout import plan_layout
 from ._preprocess import _check_ids_per_sample, _feature_csr
 
@@ -71,11 +71,7 @@ def flatten(plan: StackingPlan, inputs: Mapping[str, Any], weights: Mapping[str,
     structural checks of `preprocess` (names, shapes, dtypes, row counts, the IDs per
     sample), which raise its errors in its order. IDs and weights are checked on the
     device (`explain_input_error` names the first bad one)."""
-    check_feature_names(plan.features, inputs, "inputs")
-    weights = dict(weights or {})
-    unknown = sorted(set(weights) - set(plan.features))
-    if unknown:
-        raise ValueError(f"Weights given for unknown features {unknown}.")
+    weights = checked_names(plan.features, inputs, weights)
     if plan.config.enable_minibatching:
         raise ValueError(
             "Device preprocessing does not minibatch (the plan has enable_minibatching=True): "

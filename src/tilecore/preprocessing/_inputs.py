@@ -265,3 +265,15 @@ def check_feature_names(
         raise ValueError(
             f"The {what} do not match the plan's features: missing {missing}, unknown {extra}."
         )
+
+
+def checked_names(features: Mapping[str, FeatureSpec], inputs: Mapping[str, Any],
+                  weights: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The weights as a dict, once the inputs name exactly the plan's features and the
+    weights some of them (both paths of preprocessing check names first, alike)."""
+    check_feature_names(features, inputs, "inputs")
+    weights = dict(weights or {})
+    unknown = sorted(set(weights) - set(features))
+    if unknown:
+        raise ValueError(f"Weights given for unknown features {unknown}.")
+    return weights

@@ -17,7 +17,7 @@ from ._agreement import Agreement, LocalAgreement
 from ._buffers import allocate
 from ._errors import IdDroppingWarning
 from ._highway import NUM_BUCKETS
-from ._inputs import Csr, check_feature_names, to_csr
+from ._inputs import Csr, checked_names, to_csr
 from ._layout import PlanLayout, StackPreprocessing, plan_layout
 from ._limits import check_limits, coo_buffer_size_per_device
 from ._minibatching import Sorted, StackPacking, keep_sorted, pack_minibatches
@@ -296,11 +296,7 @@ def preprocess(
       LimitExceededError: a partition exceeds its limits and dropping is off
         (with minibatching: one hash bucket alone exceeds them).
     """
-    check_feature_names(plan.features, inputs, "inputs")
-    weights = dict(weights or {})
-    unknown = sorted(set(weights) - set(plan.features))
-    if unknown:
-        raise ValueError(f"Weights given for unknown features {unknown}.")
+    weights = checked_names(plan.features, inputs, weights)
     topo = plan.topology
     layout = plan_layout(plan)
     threads = resolve_num_threads(num_threads, max_ids=layout.max_ids)
