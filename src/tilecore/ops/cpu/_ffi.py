@@ -40,7 +40,6 @@ from functools import cache
 from typing import Any
 
 import jax
-import ml_dtypes
 import numba
 import numpy as np
 from numba import types
@@ -98,7 +97,15 @@ from ._ffi_abi import (  # noqa: F401  (generated handlers use these names)
     _struct_size,
     _voidptr,
 )
-from ._vector import BFLOAT16, FLOAT16, FLOAT32, add_scaled_from, copy_table, row_address
+from ._vector import (
+    BFLOAT16,
+    FLOAT16,
+    FLOAT32,
+    TABLE_FORMATS,
+    add_scaled_from,
+    copy_table,
+    row_address,
+)
 
 # --------------------------------------------------------------------------------------
 # Handler generation and registration.
@@ -322,11 +329,12 @@ def _scatter_add_rows_kernel(table, rows, delta, out):
 
 
 _f32, _i32t = np.float32, np.int32
-GATHER_POOL = {np.dtype(t): register_kernel(
-    f"tilecore_gather_pool{suffix}", kernel, args=[(t, 2), (_i32t, 1), (_i32t, 1), (_f32, 1)],
-    rets=[(_f32, 2)]) for suffix, t, kernel in (
-        ("", _f32, _gather_pool_kernel), ("_bf16", ml_dtypes.bfloat16, _gather_pool_bf16),
-        ("_f16", np.float16, _gather_pool_f16))}
+_POOL_KERNELS = {FLOAT32: _gather_pool_kernel, BFLOAT16: _gather_pool_bf16,
+                 FLOAT16: _gather_pool_f16}
+GATHER_POOL = {t: register_kernel(
+    f"tilecore_gather_pool{suffix}", _POOL_KERNELS[source_format],
+    args=[(t, 2), (_i32t, 1), (_i32t, 1), (_f32, 1)], rets=[(_f32, 2)])
+    for t, (suffix, source_format) in TABLE_FORMATS.items()}
 """Table dtype → the pooling kernel of its rows (float32, bfloat16, float16)."""
 SCATTER_ADD_ROWS = register_kernel("tilecore_scatter_add_rows", _scatter_add_rows_kernel,
                                    args=[(_f32, 2), (_i32t, 1), (_f32, 2)], rets=[(_f32, 2)])

@@ -39,7 +39,7 @@ from .._variables import EmbeddingVariables
 from . import _kernels
 from ._ffi import FfiKernel, _cache_dir, register_kernel
 from ._rule_source import RuleSource, hyper_kind, rule_source
-from ._vector import BFLOAT16, FLOAT16
+from ._vector import TABLE_FORMATS
 
 _TEMPLATE = '''
 
@@ -192,7 +192,7 @@ def _load(rule: RuleSource, half: bool) -> types.ModuleType:
 def _kernels_for(rule: RuleSource, dtype: np.dtype) -> FusedKernels:
     module = _load(rule, half=dtype != np.float32)
     digest = module.__name__.rsplit("_", 1)[-1]
-    digest += {"float32": "", "bfloat16": "_bf16", "float16": "_f16"}[dtype.name]
+    digest += TABLE_FORMATS[dtype][0]
     f32, i32 = np.float32, np.int32
     tables = [(dtype, 2), *[(f32, 2)] * rule.num_slots]  # slots are float32
     hyper = [(f32, 1), (i32, 1)]
@@ -237,7 +237,7 @@ def _hyper_operands(spec: OptimizerSpec, step: Any, clip: tuple[float, float] | 
             for v, k in zip(values, kinds, strict=True)]
     tail = [jnp.int32(0)]
     if rounding is not None:
-        source_format = BFLOAT16 if np.dtype(dtype) == jnp.bfloat16 else FLOAT16
+        source_format = TABLE_FORMATS[np.dtype(dtype)][1]
         key = jax.lax.bitcast_convert_type(jnp.asarray(rounding.key, jnp.uint32), jnp.int32)
         tail = [jnp.int32(source_format), key, jnp.asarray(rounding.row_offset, jnp.int32)]
     return (jnp.stack([*floats, jnp.float32(low), jnp.float32(high)]),

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 
 from ..._numba import njit
@@ -21,6 +20,7 @@ from ._vector import (
     BFLOAT16,
     FLOAT16,
     FLOAT32,
+    TABLE_FORMATS,
     add_scaled,
     add_scaled_from,
     copy_table,
@@ -210,20 +210,19 @@ def _row_gradients_buffers_kernel(layout, which, row_pointers, embedding_ids, sa
 
 
 _f32, _i32 = np.float32, np.int32
-_TABLE_DTYPES = {"": np.dtype(np.float32), "_bf16": np.dtype(ml_dtypes.bfloat16),
-                 "_f16": np.dtype(np.float16)}
-"""Suffix of a kernel's FFI name → the table dtype it serves (`TableSpec.weights_dtype`)."""
-GATHER_ROWS = {t: register_kernel(f"tilecore_gather_rows{k}", _gather_rows_kernel,
+GATHER_ROWS = {t: register_kernel(f"tilecore_gather_rows{suffix}", _gather_rows_kernel,
                                   args=[(t, 2), (_i32, 1)], rets=[(t, 2)])
-               for k, t in _TABLE_DTYPES.items()}
-SCATTER_ROWS = {t: register_kernel(f"tilecore_scatter_rows{k}", _scatter_rows_kernel,
+               for t, (suffix, _) in TABLE_FORMATS.items()}
+SCATTER_ROWS = {t: register_kernel(f"tilecore_scatter_rows{suffix}", _scatter_rows_kernel,
                                    args=[(t, 2), (_i32, 1), (t, 2)], rets=[(t, 2)])
-                for k, t in _TABLE_DTYPES.items()}
+                for t, (suffix, _) in TABLE_FORMATS.items()}
+_LOOKUP_KERNELS = {FLOAT32: _lookup_buffers_kernel, BFLOAT16: _lookup_buffers_bf16,
+                   FLOAT16: _lookup_buffers_f16}
 LOOKUP_BUFFERS = {t: register_kernel(
-    f"tilecore_lookup_buffers{k}", kernel,
+    f"tilecore_lookup_buffers{suffix}", _LOOKUP_KERNELS[source_format],
     args=[(_i32, 1), (_i32, 1), (_i32, 1), (_i32, 1), (_i32, 1), (_f32, 1), (t, 2)],
-    rets=[(_f32, 2)]) for (k, t), kernel in zip(_TABLE_DTYPES.items(), (
-        _lookup_buffers_kernel, _lookup_buffers_bf16, _lookup_buffers_f16), strict=True)}
+    rets=[(_f32, 2)]) for t, (suffix, source_format) in TABLE_FORMATS.items()}
+"""Table dtype → the lookup kernel of its rows (float32, bfloat16, float16)."""
 ROW_GRADIENTS_BUFFERS = register_kernel(
     "tilecore_row_gradients_buffers", _row_gradients_buffers_kernel,
     args=[(_i32, 1), (_i32, 1), (_i32, 1), (_i32, 1), (_i32, 1), (_f32, 1), (_f32, 2)],

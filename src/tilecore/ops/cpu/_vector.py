@@ -14,7 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, cast
 
+import ml_dtypes
 import numba
+import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
@@ -118,6 +120,13 @@ def add_scaled(destination, source, gain, width):
 
 FLOAT32, BFLOAT16, FLOAT16 = 0, 1, 2
 """Formats of a table's rows (`add_scaled_from`'s `source_format`)."""
+
+TABLE_FORMATS: dict[np.dtype, tuple[str, int]] = {
+    np.dtype(np.float32): ("", FLOAT32),
+    np.dtype(ml_dtypes.bfloat16): ("_bf16", BFLOAT16),
+    np.dtype(np.float16): ("_f16", FLOAT16),
+}
+"""Table dtype → (the suffix of its kernels' FFI names, its format in the kernels)."""
 
 
 @_jit
