@@ -38,6 +38,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from .._backend import RowGradients
+from ..xla._wing import sorted_segments
 
 _LANES_PER_PROGRAM = 2048
 """Target `B · D` accumulator lanes of one program (a guess, not tuned)."""
@@ -66,13 +67,7 @@ def row_gradients(rows: jax.Array, valid: jax.Array, samples: jax.Array, gains: 
     the distinct rows ascending, padded with `sentinel`, their sums, and None (the
     invalid entries' sums land on the sentinel, a row outside the shard)."""
     size = rows.shape[0]
-    rows = jnp.where(valid, rows, sentinel).astype(jnp.int32)
-    rows, samples, gains = jax.lax.sort(
-        (rows, samples.astype(jnp.int32), gains.astype(jnp.float32)), num_keys=1,
-        is_stable=True)
-    first = jnp.concatenate([jnp.ones((1,), bool), rows[1:] != rows[:-1]])
-    segment = jnp.cumsum(first, dtype=jnp.int32) - 1
-    unique = jnp.full((size,), sentinel, rows.dtype).at[segment].set(rows)
+    samples, gains, segment, unique = sorted_segments(rows, valid, samples, gains, sentinel)
     sums = combine_sorted(_offsets(segment, size), samples, gains, grads, size,
                           interpret=interpret)
     return unique, sums, None

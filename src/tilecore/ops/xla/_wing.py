@@ -39,16 +39,27 @@ def row_gradients(rows: jax.Array, valid: jax.Array, samples: jax.Array, gains: 
     in that order, so no `[entries, dim]` array is permuted (one pass less over the
     largest arrays of the update).
     """
-    rows = jnp.where(valid, rows, sentinel)
-    rows_sorted, samples, gains = jax.lax.sort((rows, samples, gains), num_keys=1,
-                                               is_stable=True)
-    first = jnp.concatenate([jnp.ones((1,), bool), rows_sorted[1:] != rows_sorted[:-1]])
-    segment = jnp.cumsum(first) - 1
-    size = rows.shape[0]
+    samples, gains, segment, unique = sorted_segments(rows, valid, samples, gains, sentinel)
     values = grads[samples] * gains.reshape(-1, 1)
-    sums = jax.ops.segment_sum(values, segment, num_segments=size, indices_are_sorted=True)
-    unique = jnp.full((size,), sentinel, rows.dtype).at[segment].set(rows_sorted)
+    sums = jax.ops.segment_sum(values, segment, num_segments=rows.shape[0],
+                               indices_are_sorted=True)
     return unique, sums, None
+
+
+def sorted_segments(rows: jax.Array, valid: jax.Array, samples: jax.Array, gains: jax.Array,
+                    sentinel: int) -> tuple[jax.Array, ...]:
+    """The entries sorted by row (invalid ones as `sentinel`, a row past the shard), stably:
+    (their samples, their gains, each one's segment: its row's rank among the distinct
+    rows, the distinct rows ascending padded with `sentinel`). Every wing's per-row sums
+    start here."""
+    rows = jnp.where(valid, rows, sentinel).astype(jnp.int32)
+    rows, samples, gains = jax.lax.sort(
+        (rows, samples.astype(jnp.int32), gains.astype(jnp.float32)), num_keys=1,
+        is_stable=True)
+    first = jnp.concatenate([jnp.ones((1,), bool), rows[1:] != rows[:-1]])
+    segment = jnp.cumsum(first, dtype=jnp.int32) - 1
+    unique = jnp.full(rows.shape, sentinel, rows.dtype).at[segment].set(rows)
+    return samples, gains, segment, unique
 
 
 def _apply_update(variables: EmbeddingVariables, rows: jax.Array, sums: jax.Array,
