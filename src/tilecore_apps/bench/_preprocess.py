@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import statistics
 import sys
@@ -204,7 +205,7 @@ def _time_device(plan: tc.StackingPlan, inputs: list[Inputs], ids: list[int], wa
         host, _ = tc.preprocess(plan, ids_i, weights_i)
         device = call(i)
         for name, b in host.stacks.items():
-            for field in ("row_pointers", "embedding_ids", "sample_ids", "gains"):
+            for field in (f.name for f in dataclasses.fields(tc.StackBuffers)):
                 if np.asarray(getattr(device.stacks[name], field)).tobytes() != getattr(
                         b, field).tobytes():
                     raise RuntimeError(f"bench: the device's {name}.{field} of batch {i} "
