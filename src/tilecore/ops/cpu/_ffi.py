@@ -131,7 +131,11 @@ def _handler_source(name: str, args: Sequence[tuple[np.dtype, int]],
                       f"        return _make_error(api, {_ERR_INVALID_ARGUMENT}, {message!r})"]
             shape = ", ".join(f"_dim({var}, {axis})" for axis in range(ndim))
             view = "uint16" if dtype in _HALF_FLOATS else dtype.name
-            views.append(f"numba.carray(_data({var}), ({shape},), np.{view})")
+            views.append(f"v{len(views)}")
+            lines.append(f"    {views[-1]} = numba.carray(_data({var}), ({shape},), np.{view})")
+    # The views are made before the `try`, which then holds the one call: numba lowers
+    # every call inside a `try` with its own exception branches, and a `try` around the
+    # views' calls too cost 4 of the 6.5 s a 15-buffer handler took to compile.
     lines += ["    try:",  # an escaping numba exception would otherwise read as success
               f"        status = _kernel({', '.join(views)})",
               "    except Exception:",
