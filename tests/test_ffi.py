@@ -184,6 +184,85 @@ def test_a_raising_kernel_becomes_an_xla_error() -> None:
         jax.block_until_ready(call(jnp.ones(3)))
 
 
+def test_a_split_kernel_runs_every_part_once_on_the_pools_threads() -> None:
+    import numba
+
+    @numba.njit
+    def stamp(x: Any, out: Any, part: int, parts: int) -> int:
+        for row in range(out.shape[0] * part // parts, out.shape[0] * (part + 1) // parts):
+            out[row, 0], out[row, 1] = part, parts
+        return 0
+
+    kernel = _ffi.register_kernel("test_split_stamp", stamp, [(np.float32, 1)],
+                                  [(np.int32, 2)], split=True)
+    out = np.asarray(jax.jit(lambda x: kernel(
+        x, results=[jax.ShapeDtypeStruct((64, 2), jnp.int32)])[0])(jnp.zeros(1)))
+    parts = int(out[0, 1])
+    assert (out[:, 1] == parts).all()
+    expected = np.concatenate([np.full(64 * (k + 1) // parts - 64 * k // parts, k)
+                               for k in range(parts)])
+    np.testing.assert_array_equal(out[:, 0], expected)  # every part once, in its own rows
+    if (os.cpu_count() or 1) > 1:
+        assert parts > 1  # XLA's pool has several threads: the tasks' path ran
+
+
+@pytest.mark.parametrize("failure", ["raises", "rejects"])
+def test_a_failing_part_of_a_split_kernel_becomes_an_xla_error(failure: str) -> None:
+    import numba
+
+    @numba.njit
+    def picky(x: Any, out: Any, part: int, parts: int) -> int:
+        out[part % out.shape[0]] = x[0]
+        if x[0] > 0 and part == parts - 1:
+            if failure == "raises":
+                raise ValueError("positive")
+            return 1
+        return 0
+
+    kernel = _ffi.register_kernel(f"test_split_{failure}", picky, [(np.float32, 1)],
+                                  [(np.float32, 1)], split=True)
+    call = jax.jit(lambda x: kernel(x, results=[jax.ShapeDtypeStruct((64,), jnp.float32)])[0])
+    jax.block_until_ready(call(-jnp.ones(1)))
+    message = "kernel raised" if failure == "raises" else "kernel (raised or )?rejected"
+    with pytest.raises(Exception, match=f"test_split_{failure}: {message}"):
+        jax.block_until_ready(call(jnp.ones(1)))
+
+
+@pytest.mark.parametrize("minibatching", [False, True])
+def test_lookup_parts_write_their_own_rows_and_add_up_to_the_whole(minibatching: bool) -> None:
+    import tilecore as tc
+    from tilecore.ops._layout import stack_layouts
+    from tilecore.ops._per_device import flat_buffers
+    from tilecore.ops.cpu import _kernels
+
+    rng = np.random.default_rng(3)
+    tables = [tc.TableSpec(name=f"t{i}", vocab_size=v, embedding_dim=16, combiner=c)
+              for i, (v, c) in enumerate([(50, "sum"), (3000, "mean")])]
+    features = [tc.FeatureSpec(name=f"f{i}", table=t, input_shape=(40, 7))
+                for i, t in enumerate(tables)]
+    plan = tc.plan_stacking(features, tc.Topology(global_devices=1, sc_per_device=2))
+    if minibatching:
+        plan = plan.with_config(enable_minibatching=True)
+    ids = {f.name: rng.integers(0, f.table.vocab_size, (40, 7)) for f in features}
+    batch, _ = tc.preprocess(plan, ids)
+    for name, layout in stack_layouts(plan).items():
+        buffers = [np.asarray(x) for x in flat_buffers(batch.stacks[name])]
+        table = rng.standard_normal((layout.rows_per_device, 16)).astype(np.float32)
+        operands = (_kernels.layout_array(layout),
+                    np.array([0, int(np.max(batch.num_minibatches))], np.int32), *buffers, table)
+        rows = layout.sc_per_device * layout.samples_per_sc
+        whole = np.full((rows, 16), np.nan, np.float32)
+        assert _kernels._lookup_buffers_kernel(*operands, whole, 0, 1) == 0
+        assert np.isfinite(whole).all()
+        for parts in (2, 3, 7):
+            out = np.full((rows, 16), np.nan, np.float32)
+            for part in range(parts):
+                _kernels._lookup_buffers_kernel(*operands, out, part, parts)
+                done = rows * (part + 1) // parts  # rows past this part's: not yet written
+                np.testing.assert_array_equal(out[:done], whole[:done])
+                assert np.isnan(out[done:]).all()
+
+
 def test_registration_happens_once_per_process() -> None:
     f32 = np.dtype(np.float32)
     _ffi.GATHER_POOL[f32].ensure_registered()

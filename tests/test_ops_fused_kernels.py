@@ -146,3 +146,67 @@ def test_unsorted_runs_update_like_sorted_ones() -> None:
         for x, y in zip((a.table, *a.slots), (b.table, *b.slots), strict=True):
             np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6,
                                        err_msg=name)
+
+
+@pytest.mark.parametrize("sorted_runs", [True, False])
+def test_update_parts_write_their_own_rows_and_add_up_to_the_whole(sorted_runs: bool) -> None:
+    from tilecore.ops._layout import stack_layouts
+    from tilecore.ops._per_device import flat_buffers
+    from tilecore.ops.cpu import _kernels
+    from tilecore.ops.cpu._fused_update import _hyper_operands
+
+    case = RICH.with_optimizer("adagrad", OPTIMIZERS["adagrad"])
+    plan = case.plan()
+    batch, _ = preprocess(plan, *case.batch(0))
+    if not sorted_runs:
+        batch = _reverse_runs(batch, plan)
+    rng = np.random.default_rng(5)
+    for name, layout in stack_layouts(plan).items():
+        spec = plan.stacks[name].optimizer
+        kernel = fused_kernels(spec).update_buffers.kernel
+        hf, hi = (np.asarray(x) for x in _hyper_operands(spec, 3, None))
+        rows = layout.rows_per_device
+        ins = [rng.standard_normal((rows, layout.dim)).astype(np.float32)
+               for _ in range(1 + len(spec.slot_names))]
+        ins[1:] = [np.abs(x) for x in ins[1:]]  # accumulators
+        grads = rng.standard_normal((layout.sc_per_device * layout.samples_per_sc, layout.dim)
+                                    ).astype(np.float32)
+        operands = (_kernels.layout_array(layout), np.array([0, 1], np.int32),
+                    *(np.asarray(x) for x in flat_buffers(batch.stacks[name])), grads, hf, hi,
+                    *ins)
+        whole = [np.full_like(x, np.nan) for x in ins]
+        assert kernel(*operands, *whole, 0, 1) == 0
+        assert all(np.isfinite(x).all() for x in whole)
+        assert not np.array_equal(whole[0], ins[0])  # rows were updated
+        local = np.arange(rows) % layout.rows_per_shard
+        for parts in (2, 3):
+            outs = [np.full_like(x, np.nan) for x in ins]
+            for part in range(parts):
+                kernel(*operands, *outs, part, parts)
+                done = local < layout.rows_per_shard * (part + 1) // parts  # parts so far own
+                for got, want in zip(outs, whole, strict=True):
+                    np.testing.assert_array_equal(got[done], want[done], err_msg=name)
+                    assert np.isnan(got[~done]).all(), name
+
+
+def test_update_rows_parts_write_their_own_rows_and_add_up_to_the_whole() -> None:
+    from tilecore.ops.cpu._fused_update import _hyper_operands
+
+    spec = OPTIMIZERS["adagrad"]
+    kernel = fused_kernels(spec).update_rows.kernel
+    hf, hi = (np.asarray(x) for x in _hyper_operands(spec, 3, None))
+    rng = np.random.default_rng(6)
+    ins = [rng.standard_normal((97, 8)).astype(np.float32), rng.random((97, 8), np.float32)]
+    rows = np.concatenate([rng.permutation(97)[:60], [-1, 97, 500]]).astype(np.int32)
+    sums = rng.standard_normal((rows.shape[0], 8)).astype(np.float32)
+    operands = (rows, sums, np.array([rows.shape[0]], np.int32), hf, hi, *ins)
+    whole = [np.full_like(x, np.nan) for x in ins]
+    assert kernel(*operands, *whole, 0, 1) == 0
+    for parts in (2, 5):
+        outs = [np.full_like(x, np.nan) for x in ins]
+        for part in range(parts):
+            kernel(*operands, *outs, part, parts)
+            done = 97 * (part + 1) // parts
+            for got, want in zip(outs, whole, strict=True):
+                np.testing.assert_array_equal(got[:done], want[:done])
+                assert np.isnan(got[done:]).all()

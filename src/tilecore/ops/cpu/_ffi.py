@@ -22,6 +22,15 @@ of failing backend start-up for the whole process.
 Kernels must not raise (a numba exception in a cfunc would be swallowed and
 reported as success) and must treat out-of-range indices as data to skip: they
 run on XLA's worker threads, possibly several at once (one per device).
+
+XLA:CPU runs the custom calls of one program one after another, so a kernel alone
+would use one core. A kernel registered `split` is run in parts instead, one per
+thread of the pool XLA lends FFI handlers (`XLA_FFI_ThreadPool_Schedule`, API 0.3):
+the handler and the tasks it schedules claim parts from a shared counter until none
+is left, and the handler returns when every part has finished. The handler takes
+parts itself, so a pool with no free thread (or one thread) only makes it slower; the
+shared state is freed by whichever of the handler and its tasks lets go last, so a
+task XLA starts after the call returned finds nothing to do and touches nothing else.
 """
 
 from __future__ import annotations
@@ -42,16 +51,19 @@ from typing import Any
 import jax
 import numba
 import numpy as np
+from llvmlite import binding as llvm_binding
 from numba import types
 from numpy.typing import DTypeLike
 
 from ..._numba import compile_lock, njit, source_stamp
 from ._ffi_abi import (  # noqa: F401  (generated handlers use these names)
     _API_ERROR_CREATE,
+    _BUF_DATA,
     _BUF_SIZE,
     _BUFS_SIZE,
     _CF_API,
     _CF_ARGS,
+    _CF_CTX,
     _CF_RETS,
     _CF_SIZE,
     _DTYPE_CODES,
@@ -73,6 +85,7 @@ from ._ffi_abi import (  # noqa: F401  (generated handlers use these names)
     _VERSION_SIZE,
     _Api,
     _ApiVersion,
+    _atomic_add,
     _Attrs,
     _Buffer,
     _buffer,
@@ -84,18 +97,24 @@ from ._ffi_abi import (  # noqa: F401  (generated handlers use these names)
     _dim,
     _ErrorCreateArgs,
     _ExtensionBase,
+    _free,
     _load_i32,
     _load_i64,
+    _load_symbol,
     _make_error,
+    _malloc,
     _Metadata,
     _MetadataExtension,
     _njit,
     _off,
+    _pool_threads,
     _prologue,
+    _schedule,
     _store_i32,
     _store_i64,
     _struct_size,
     _voidptr,
+    _yield_cpu,
 )
 from ._vector import (
     BFLOAT16,
@@ -113,15 +132,25 @@ from ._vector import (
 Spec = tuple[DTypeLike, int]  # (dtype, rank >= 1) of one operand or result
 
 
+_HEADER_WORDS = 5
+"""A split call's shared state (int64 words, `_malloc`ed): references (the call and each
+task it scheduled: the last to let go frees it), the next unclaimed part, the number of
+parts, parts finished, parts failed; then each buffer's address and dimensions."""
+
+
 def _handler_source(name: str, args: Sequence[tuple[np.dtype, int]],
-                    rets: Sequence[tuple[np.dtype, int]]) -> str:
-    """Python source of the cfunc body for one kernel (its checks and views unrolled)."""
+                    rets: Sequence[tuple[np.dtype, int]], split: bool = False,
+                    symbol: str = "", cache: bool = True) -> str:
+    """Python source of the cfunc body for one kernel (its checks and views unrolled); for a
+    `split` kernel also its `run` and `task` (see `FfiKernel`), the task's address read from
+    the process symbol `symbol`."""
     lines = ["def handler(frame):",
              f"    status = _prologue(frame, {len(args)}, {len(rets)})",
              "    if status != _RUN:",
              "        return status",
              "    api = _load_i64(frame + _CF_API)"]
-    views = []
+    views, task_views, stores = [], [], []
+    word = _HEADER_WORDS
     for group, label, specs in ((_CF_ARGS, "operand", args), (_CF_RETS, "result", rets)):
         for i, (dtype, ndim) in enumerate(specs):
             var = f"{label[0]}{i}"
@@ -133,18 +162,83 @@ def _handler_source(name: str, args: Sequence[tuple[np.dtype, int]],
             view = "uint16" if dtype in _HALF_FLOATS else dtype.name
             views.append(f"v{len(views)}")
             lines.append(f"    {views[-1]} = numba.carray(_data({var}), ({shape},), np.{view})")
+            stores.append(f"        _store_i64(state + {8 * word}, _load_i64({var} + _BUF_DATA))")
+            stores += [f"        _store_i64(state + {8 * (word + 1 + axis)}, _dim({var}, {axis}))"
+                       for axis in range(ndim)]
+            dims = ", ".join(f"_load_i64(state + {8 * (word + 1 + axis)})" for axis in range(ndim))
+            task_views.append(f"    {views[-1]} = numba.carray(_voidptr(_load_i64(state + "
+                              f"{8 * word})), ({dims},), np.{view})")
+            word += 1 + ndim
+    every = ", ".join(views)
+    whole = ", 0, 1" if split else ""
     # The views are made before the `try`, which then holds the one call: numba lowers
     # every call inside a `try` with its own exception branches, and a `try` around the
     # views' calls too cost 4 of the 6.5 s a 15-buffer handler took to compile.
-    lines += ["    try:",  # an escaping numba exception would otherwise read as success
-              f"        status = _kernel({', '.join(views)})",
+    serial = ["    try:",  # an escaping numba exception would otherwise read as success
+              f"        status = _kernel({every}{whole})",
               "    except Exception:",
               f"        return _make_error(api, {_ERR_INTERNAL}, {name + ': kernel raised'!r})",
               "    if status != 0:",
               f"        return _make_error(api, {_ERR_INVALID_ARGUMENT}, "
               f"{name + ': kernel rejected its operands (shape mismatch)'!r})",
               "    return 0"]
-    return "\n".join(lines)
+    if not split:
+        return "\n".join(lines + serial)
+    lines += ["    ctx = _load_i64(frame + _CF_CTX)",
+              "    parts = _pool_threads(api, ctx)",
+              f"    state = _malloc({8 * word}) if parts > 1 else 0",
+              "    if state != 0:",
+              "        _store_i64(state, parts)",
+              "        _store_i64(state + 8, 0)",
+              "        _store_i64(state + 16, parts)",
+              "        _store_i64(state + 24, 0)",
+              "        _store_i64(state + 32, 0)",
+              *stores,
+              f"        task = _load_symbol({symbol!r})",
+              "        for _ in range(parts - 1):",
+              "            if not _schedule(api, ctx, task, state):",
+              "                _atomic_add(state, -1)  # never to run: drop its reference",
+              f"        run(state, {every})",
+              "        while _atomic_add(state + 24, 0) < parts:",
+              "            _yield_cpu()",
+              "        failed = _atomic_add(state + 32, 0)",
+              "        release(state)",
+              "        if failed != 0:",
+              f"            return _make_error(api, {_ERR_INTERNAL}, "
+              f"{name + ': kernel raised or rejected its operands in a part'!r})",
+              "        return 0"]
+    run = ["def run(state, " + every + "):",
+           "    parts = _load_i64(state + 16)",
+           "    while True:",
+           "        part = _atomic_add(state + 8, 1)",
+           "        if part >= parts:",
+           "            return",
+           "        try:",
+           f"            status = _kernel({every}, part, parts)",
+           "        except Exception:",
+           "            status = -1",
+           "        if status != 0:",
+           "            _atomic_add(state + 32, 1)",
+           "        _atomic_add(state + 24, 1)",
+           "",
+           "",
+           "def release(state):",
+           "    if _atomic_add(state, -1) == 1:",
+           "        _free(state)",
+           "",
+           "",
+           "def task(state):",
+           *task_views,
+           f"    run(state, {every})",
+           "    release(state)",
+           "",
+           "",
+           f"run = numba.njit(nogil=True, cache={cache}, error_model='numpy')(run)",
+           f"release = numba.njit(nogil=True, cache={cache})(release)",
+           f"task = numba.cfunc(types.void(types.int64), cache={cache})(task)",
+           "",
+           ""]
+    return "\n".join(run + lines + serial)
 
 
 CACHE_DIR_ENV = "TILECORE_CACHE_DIR"
@@ -171,18 +265,41 @@ def _kernel_sources(kernel: Any) -> list[str]:
     return [f"{kernel_file.name}\n{kernel_file.read_text()}", source_stamp()]
 
 
+def _task_symbol(name: str) -> str:
+    """The process symbol through which `name`'s handler finds its task (`_load_symbol`)."""
+    return f"tilecore_ffi_task_{name}"
+
+
 def _compiled_handler(name: str, kernel: Any, args: Sequence[tuple[np.dtype, int]],
-                      rets: Sequence[tuple[np.dtype, int]]) -> Any:
+                      rets: Sequence[tuple[np.dtype, int]], split: bool = False) -> Any:
     """The cfunc handler of `kernel`, compiled from a generated module numba can cache.
 
     The handler's source is generated per signature. Written to a file named by the
     hash of everything it depends on, numba caches its machine code across
     processes (compiling a handler costs about a second); without a writable cache
     directory, or for a kernel that is not a module-level name, the source is
-    compiled in memory instead.
+    compiled in memory instead. A `split` handler's task address differs in every
+    process, so it is never compiled in: the handler reads it from a cell registered
+    as a process symbol before the handler is loaded, set once the task is.
     """
-    body = _handler_source(name, args, rets)
+    symbol = _task_symbol(name)
+    if split:
+        cell = _TASK_CELLS.setdefault(name, ctypes.c_int64(0))
+        llvm_binding.add_symbol(symbol, ctypes.addressof(cell))
     py_func = getattr(kernel, "py_func", kernel)
+    directory = _cache_dir()
+    importable = (py_func.__qualname__ == py_func.__name__
+                  and getattr(sys.modules.get(py_func.__module__), py_func.__name__, None)
+                  is kernel)
+    if directory is None or not importable:
+        body = _handler_source(name, args, rets, split, symbol, cache=False)
+        scope = dict(globals(), _kernel=kernel)
+        exec(compile(body, f"<tilecore ffi handler {name}>", "exec"), scope)
+        if split:
+            _TASK_CELLS[name].value = scope["task"].address
+            _TASKS[name] = scope["task"]
+        return numba.cfunc(types.int64(types.int64))(scope["handler"])
+    body = _handler_source(name, args, rets, split, symbol)
     header = (
         "import numba\nimport numpy as np\nfrom numba import types\n"
         "import tilecore.ops.cpu._ffi as _ffi\n"
@@ -191,14 +308,6 @@ def _compiled_handler(name: str, kernel: Any, args: Sequence[tuple[np.dtype, int
         f"from {py_func.__module__} import {py_func.__name__} as _kernel\n\n"
     )
     source = header + body + "\n\nhandler = numba.cfunc(types.int64(types.int64), cache=True)(handler)\n"
-    directory = _cache_dir()
-    importable = (py_func.__qualname__ == py_func.__name__
-                  and getattr(sys.modules.get(py_func.__module__), py_func.__name__, None)
-                  is kernel)
-    if directory is None or not importable:
-        scope = dict(globals(), _kernel=kernel)
-        exec(compile(body, f"<tilecore ffi handler {name}>", "exec"), scope)
-        return numba.cfunc(types.int64(types.int64))(scope["handler"])
     digest = hashlib.sha256("\0".join([
         source, *_kernel_sources(py_func), numba.__version__, jax.__version__]
     ).encode()).hexdigest()[:16]
@@ -213,6 +322,8 @@ def _compiled_handler(name: str, kernel: Any, args: Sequence[tuple[np.dtype, int
     sys.modules[spec.name] = module  # numba finds (and re-imports) a cached function's module
     with compile_lock(str(path.with_suffix(".lock"))):  # one process compiles, the rest load
         spec.loader.exec_module(module)
+    if split:
+        _TASK_CELLS[name].value = module.task.address
     return module.handler
 
 
@@ -222,12 +333,20 @@ class FfiKernel:
     `kernel(*operands, *results) -> int` receives C-contiguous numpy views of the XLA
     buffers and returns 0, or nonzero to make XLA raise. Compilation and
     registration happen on first use, once per process.
+
+    A `split` kernel takes two more arguments, `(part, parts)`, and must write only its
+    own share of the results, the `parts` calls together writing all of them (disjoint
+    output rows, say): the handler runs one part per thread of XLA's pool
+    (`XLA_FFI_ThreadPool_Schedule`), this thread taking parts too, so every part runs
+    even if no other thread is ever free, and returns when all have finished. XLA runs
+    the calls of one program one after another, so without this a kernel uses one core.
     """
 
     def __init__(self, name: str, kernel: Callable[..., Any], args: Sequence[Spec],
-                 rets: Sequence[Spec]):
+                 rets: Sequence[Spec], split: bool = False):
         self.name = name
         self.kernel = kernel
+        self.split = split
         self.args = tuple((np.dtype(d), int(n)) for d, n in args)
         self.rets = tuple((np.dtype(d), int(n)) for d, n in rets)
         if any(n < 1 for _, n in self.args + self.rets):
@@ -241,7 +360,8 @@ class FfiKernel:
                     raise ValueError(f"FFI target {self.name!r} is already registered with "
                                      "different operand or result types")
                 return
-            handler = _compiled_handler(self.name, self.kernel, self.args, self.rets)
+            handler = _compiled_handler(self.name, self.kernel, self.args, self.rets,
+                                        self.split)
             jax.devices("cpu")  # start the backend so a refused handler raises right here
             jax.ffi.register_ffi_target(self.name, jax.ffi.pycapsule(handler.address),
                                         platform="cpu")
@@ -269,12 +389,18 @@ class FfiKernel:
 # nor drop the only reference to a cfunc whose address XLA still holds.
 _REGISTERED: dict[str, tuple[Any, Any]] = globals().get("_REGISTERED", {})
 _LOCK: threading.Lock = globals().get("_LOCK") or threading.Lock()
+_TASK_CELLS: dict[str, ctypes.c_int64] = globals().get("_TASK_CELLS", {})
+"""Target name → the cell its split handler reads its task's address from (a registered
+process symbol: kept for the life of the process, as XLA keeps the handler)."""
+_TASKS: dict[str, Any] = globals().get("_TASKS", {})
+"""Tasks compiled in memory (no cache directory), kept alive for the same reason."""
 
 
 def register_kernel(name: str, kernel: Callable[..., Any], args: Sequence[Spec],
-                    rets: Sequence[Spec]) -> FfiKernel:
-    """Declare `kernel` as typed-FFI target `name` (compiled and registered on first call)."""
-    return FfiKernel(name, kernel, args, rets)
+                    rets: Sequence[Spec], split: bool = False) -> FfiKernel:
+    """Declare `kernel` as typed-FFI target `name` (compiled and registered on first call);
+    `split`: run in parts on XLA's threads (see `FfiKernel`)."""
+    return FfiKernel(name, kernel, args, rets, split)
 
 
 # --------------------------------------------------------------------------------------

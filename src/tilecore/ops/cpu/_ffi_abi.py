@@ -66,14 +66,32 @@ class _Buffer(ctypes.Structure):  # XLA_FFI_Buffer
                 ("data", _p), ("rank", _i64), ("dims", _p))
 
 
-class _Api(ctypes.Structure):  # XLA_FFI_Api, up to the one function used here
+class _Api(ctypes.Structure):  # XLA_FFI_Api, up to the last function used here
     _fields_ = (("struct_size", _size), ("extension_start", _p), ("api_version", _ApiVersion),
-                ("internal_api", _p), ("error_create", _p))
+                ("internal_api", _p), ("error_create", _p), ("error_get_message", _p),
+                ("error_destroy", _p), ("handler_register", _p), ("stream_get", _p),
+                ("type_register", _p), ("execution_context_get", _p), ("state_set", _p),
+                ("state_get", _p), ("device_memory_allocate", _p), ("device_memory_free", _p),
+                ("thread_pool_schedule", _p), ("thread_pool_num_threads", _p))
+
+
+class _ThreadPoolScheduleArgs(ctypes.Structure):  # XLA_FFI_ThreadPool_Schedule_Args
+    _fields_ = (("struct_size", _size), ("extension_start", _p), ("ctx", _p), ("task", _p),
+                ("data", _p))
+
+
+class _ThreadPoolNumThreadsArgs(ctypes.Structure):  # XLA_FFI_ThreadPool_NumThreads_Args
+    _fields_ = (("struct_size", _size), ("extension_start", _p), ("ctx", _p),
+                ("num_threads", _p))
 
 
 class _ErrorCreateArgs(ctypes.Structure):  # XLA_FFI_Error_Create_Args
     _fields_ = (("struct_size", _size), ("extension_start", _p), ("message", _p),
                 ("errc", _i32))
+
+
+class _ErrorDestroyArgs(ctypes.Structure):  # XLA_FFI_Error_Destroy_Args
+    _fields_ = (("struct_size", _size), ("extension_start", _p), ("error", _p))
 
 
 def _off(struct: Any, *path: str) -> int:
@@ -111,6 +129,13 @@ _MD_MINOR = _off(_Metadata, "api_version", "minor_version")
 _MD_TRAITS, _MD_STATE = _off(_Metadata, "traits"), _off(_Metadata, "state_type_id")
 _VERSION_SIZE = _struct_size(_ApiVersion, "minor_version")  # 24
 _API_ERROR_CREATE = _off(_Api, "error_create")  # 48
+_API_SCHEDULE = _off(_Api, "thread_pool_schedule")  # 136
+_API_NUM_THREADS = _off(_Api, "thread_pool_num_threads")  # 144
+_CF_CTX = _off(_CallFrame, "ctx")  # 24
+_API_ERROR_DESTROY = _off(_Api, "error_destroy")  # 64
+_DESTROY_SIZE = _struct_size(_ErrorDestroyArgs, "error")  # 24
+_SCHEDULE_SIZE = _struct_size(_ThreadPoolScheduleArgs, "data")  # 40
+_NUM_THREADS_SIZE = _struct_size(_ThreadPoolNumThreadsArgs, "num_threads")  # 32
 _ERR_ARGS_SIZE = _struct_size(_ErrorCreateArgs, "errc")  # 28
 _ERR_MESSAGE, _ERR_ERRC = _off(_ErrorCreateArgs, "message"), _off(_ErrorCreateArgs, "errc")
 
@@ -200,6 +225,75 @@ def _make_error(typingctx, api, errc, message):
     return types.int64(types.int64, types.int64, message), codegen
 
 
+@intrinsic
+def _call_api(typingctx, function, args):
+    """`((XLA_FFI_Error* (*)(void*)) function)(args)`: one API function on its args struct."""
+    def codegen(context, builder, sig, args):
+        fn = builder.inttoptr(args[0], ir.FunctionType(_I64, [_I64]).as_pointer())
+        return builder.call(fn, [args[1]])
+    return types.int64(types.int64, types.int64), codegen
+
+
+@intrinsic
+def _atomic_add(typingctx, addr, value):
+    """Add `value` to the int64 at `addr` atomically (sequentially consistent); the old value."""
+    def codegen(context, builder, sig, args):
+        return builder.atomic_rmw("add", builder.inttoptr(args[0], _I64.as_pointer()), args[1],
+                                  "seq_cst")
+    return types.int64(types.int64, types.int64), codegen
+
+
+def _libc(builder: Any, name: str, result: Any, arguments: list[Any]) -> Any:
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(result, arguments),
+                                          name)
+
+
+@intrinsic
+def _malloc(typingctx, size):
+    """libc `malloc(size)` as an address (0 if out of memory): memory no thread owns."""
+    def codegen(context, builder, sig, args):
+        return builder.ptrtoint(builder.call(_libc(builder, "malloc", cgutils.voidptr_t, [_I64]),
+                                             [args[0]]), _I64)
+    return types.int64(types.int64), codegen
+
+
+@intrinsic
+def _free(typingctx, addr):
+    """libc `free` of an address `_malloc` returned."""
+    def codegen(context, builder, sig, args):
+        builder.call(_libc(builder, "free", ir.VoidType(), [cgutils.voidptr_t]),
+                     [builder.inttoptr(args[0], cgutils.voidptr_t)])
+        return context.get_dummy_value()
+    return types.void(types.int64), codegen
+
+
+@intrinsic
+def _yield_cpu(typingctx):
+    """`sched_yield()`: let another thread run while this one waits."""
+    def codegen(context, builder, sig, args):
+        builder.call(_libc(builder, "sched_yield", ir.IntType(32), []), [])
+        return context.get_dummy_value()
+    return types.void(), codegen
+
+
+@intrinsic(prefer_literal=True)
+def _load_symbol(typingctx, name):
+    """The int64 stored at the process symbol `name` (registered with `llvmlite.binding.
+    add_symbol` before the code that reads it is loaded): a value set at run time in every
+    process, which cached machine code reaches by relocation, never as a constant."""
+    if not isinstance(name, types.StringLiteral):
+        return None
+    symbol = name.literal_value
+
+    def codegen(context, builder, sig, args):
+        cell = builder.module.globals.get(symbol)
+        if cell is None:
+            cell = ir.GlobalVariable(builder.module, _I64, symbol)
+            cell.linkage = "external"
+        return builder.load(cell)
+    return types.int64(name), codegen
+
+
 # --------------------------------------------------------------------------------------
 # Call-frame helpers shared by every handler (inlined into each cfunc).
 # --------------------------------------------------------------------------------------
@@ -275,3 +369,44 @@ def _dim(buf, axis):
     return _load_i64(_load_i64(buf + _BUF_DIMS) + 8 * axis)
 
 
+
+
+@_njit
+def _destroy_error(api, error):
+    """`api->XLA_FFI_Error_Destroy(error)`: an error this code got and will not return."""
+    if _load_i64(api) < _API_ERROR_DESTROY + 8:
+        return
+    args = np.empty(3, np.int64)
+    args[0], args[1], args[2] = _DESTROY_SIZE, 0, error
+    _call_api(_load_i64(api + _API_ERROR_DESTROY), args.ctypes.data)
+
+
+@_njit
+def _pool_threads(api, ctx):
+    """Threads of the pool XLA runs this call's work on (`XLA_FFI_ThreadPool_NumThreads`):
+    1 where the API or the call has none."""
+    if ctx == 0 or _load_i64(api) < _API_NUM_THREADS + 8:
+        return 1
+    count = np.zeros(1, np.int64)
+    args = np.empty(4, np.int64)
+    args[0], args[1], args[2], args[3] = _NUM_THREADS_SIZE, 0, ctx, count.ctypes.data
+    error = _call_api(_load_i64(api + _API_NUM_THREADS), args.ctypes.data)
+    if error != 0:
+        _destroy_error(api, error)
+        return 1
+    return max(count[0], 1)
+
+
+@_njit
+def _schedule(api, ctx, task, data):
+    """`XLA_FFI_ThreadPool_Schedule(task, data)`: whether XLA took the task (it may run it on
+    any of its threads, in this one, or later than this call returns)."""
+    if ctx == 0 or task == 0 or _load_i64(api) < _API_SCHEDULE + 8:
+        return False
+    args = np.empty(5, np.int64)
+    args[0], args[1], args[2], args[3], args[4] = _SCHEDULE_SIZE, 0, ctx, task, data
+    error = _call_api(_load_i64(api + _API_SCHEDULE), args.ctypes.data)
+    if error != 0:
+        _destroy_error(api, error)
+        return False
+    return True

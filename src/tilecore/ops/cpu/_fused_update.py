@@ -60,8 +60,10 @@ def apply_row(r, acc, hf, hi, {outs}):
 
 @_jit
 def update_buffers(layout, which, row_pointers, embedding_ids, sample_ids, gains, grads, hf,
-                   hi, {ins}, {outs}):
+                   hi, {ins}, {outs}, part, parts):
     n, rows_per_shard, samples = layout[0], layout[3], layout[4]
+    first, stop = rows_per_shard * part // parts, rows_per_shard * (part + 1) // parts
+    period = rows_per_shard  # part owns local rows [first, stop) of every partition
 {copies}
     bounds = _packed.run_bounds(layout, which, row_pointers, embedding_ids.shape[0])
     acc = np.empty(out_table.shape[1], np.float32)
@@ -70,6 +72,8 @@ def update_buffers(layout, which, row_pointers, embedding_ids, sample_ids, gains
         if _segments.runs_sorted(bounds, p, embedding_ids, sample_ids, rows_per_shard, samples):
             cursors = bounds[:, p, 0].copy()
             stops = bounds[:, p, 1].copy()
+            _segments.clip_runs(cursors, stops, embedding_ids, sample_ids, rows_per_shard, samples,
+                                first, stop)
             while True:
                 row = _segments.next_row(cursors, stops, embedding_ids, sample_ids, gains, grads,
                                          rows_per_shard, samples, acc)
@@ -82,6 +86,9 @@ def update_buffers(layout, which, row_pointers, embedding_ids, sample_ids, gains
         else:
             rows, smp, gns = _segments.partition_entries(bounds, p, embedding_ids, sample_ids,
                                                          gains, rows_per_shard, samples)
+            for k in range(rows.shape[0]):  # this part's rows only
+                if rows[k] < first or rows[k] >= stop:
+                    rows[k] = -1
             unique = np.empty(rows.shape[0], np.int32)
             sums = np.empty((rows.shape[0], acc.shape[0]), np.float32)
             count = np.zeros(1, np.int32)
@@ -92,12 +99,14 @@ def update_buffers(layout, which, row_pointers, embedding_ids, sample_ids, gains
 
 
 @_jit
-def update_rows(rows, sums, count, hf, hi, {ins}, {outs}):
+def update_rows(rows, sums, count, hf, hi, {ins}, {outs}, part, parts):
     num_rows = out_table.shape[0]
+    first, stop = num_rows * part // parts, num_rows * (part + 1) // parts
+    period = 0  # part owns rows [first, stop)
 {copies}
     for i in range(min(count[0], rows.shape[0])):
         r = rows[i]
-        if 0 <= r < num_rows:
+        if first <= r < stop:
             apply_row(r, sums[i], hf, hi, {outs})
     return 0
 '''
@@ -124,7 +133,8 @@ def _module_source(rule: RuleSource, cached: bool, half: bool = False) -> str:
     table = "_round16.widen(out_table[r, d], source_format)" if half else "out_table[r, d]"
     hypers += _HALF_HYPERS if half else ""
     copies = "\n".join(
-        f"    if {o}.ctypes.data != {i}.ctypes.data:\n        _vector.copy_table({o}, {i})"
+        f"    if {o}.ctypes.data != {i}.ctypes.data:\n"
+        f"        _vector.copy_table({o}, {i}, part, parts, period)"
         for i, o in zip(ins.split(", "), outs.split(", "), strict=True))
     return (
         "import numba\nimport numpy as np\n\nfrom tilecore._numba import njit\n"
@@ -199,10 +209,10 @@ def _kernels_for(rule: RuleSource, dtype: np.dtype) -> FusedKernels:
     buffers = register_kernel(
         f"tilecore_fused_update_buffers_{digest}", module.update_buffers,
         args=[(i32, 1), (i32, 1), (i32, 1), (i32, 1), (i32, 1), (f32, 1), (f32, 2), *hyper,
-              *tables], rets=tables)
+              *tables], rets=tables, split=True)
     rows = register_kernel(
         f"tilecore_fused_update_rows_{digest}", module.update_rows,
-        args=[(i32, 1), (f32, 2), (i32, 1), *hyper, *tables], rets=tables)
+        args=[(i32, 1), (f32, 2), (i32, 1), *hyper, *tables], rets=tables, split=True)
     return FusedKernels(rule, buffers, rows)
 
 

@@ -132,35 +132,42 @@ def entry_in_range(embedding_id, sample_id, rows_per_shard, samples):
 
 @_jit
 def _lookup_buffers_kernel(layout, which, row_pointers, embedding_ids, sample_ids, gains, table,
-                           out):
+                           out, part, parts):
     """One device's pooled activations straight from its packed buffers, summed over the
     `which[1]` minibatches of minibatched buffers (a plain layout has one pass)."""
     return _lookup_buffers(layout, which, row_pointers, embedding_ids, sample_ids, gains, table,
-                           out, FLOAT32)
+                           out, FLOAT32, part, parts)
 
 
 @_jit
 def _lookup_buffers_bf16(layout, which, row_pointers, embedding_ids, sample_ids, gains, table,
-                         out):
+                         out, part, parts):
     """`_lookup_buffers_kernel` of a bfloat16 table (its uint16 bits)."""
     return _lookup_buffers(layout, which, row_pointers, embedding_ids, sample_ids, gains, table,
-                           out, BFLOAT16)
+                           out, BFLOAT16, part, parts)
 
 
 @_jit
 def _lookup_buffers_f16(layout, which, row_pointers, embedding_ids, sample_ids, gains, table,
-                        out):
+                        out, part, parts):
     """`_lookup_buffers_kernel` of a float16 table (its uint16 bits)."""
     return _lookup_buffers(layout, which, row_pointers, embedding_ids, sample_ids, gains, table,
-                           out, FLOAT16)
+                           out, FLOAT16, part, parts)
 
 
 @_jit
 def _lookup_buffers(layout, which, row_pointers, embedding_ids, sample_ids, gains, table, out,
-                    source_format):
+                    source_format, part, parts):
+    """Part `part` of `parts` of the activations: output rows `[n·part/parts, n·(part+1)/parts)`
+    of the `n`, zeroed and then summed from the entries that pool into them (each part reads
+    every entry's output row, a fraction of a row's work, and no part writes another's)."""
     rows_per_shard, samples = layout[3], layout[4]
     dim = table.shape[1]
-    out[:] = 0.0
+    first = out.shape[0] * part // parts
+    stop = out.shape[0] * (part + 1) // parts
+    for o in range(first, stop):
+        for d in range(dim):
+            out[o, d] = 0.0
     passes = max(which[1], 1) if layout[5] else 1
     for minibatch in range(passes):
         bounds = run_bounds(layout, np.array([minibatch, passes], np.int32), row_pointers,
@@ -169,12 +176,12 @@ def _lookup_buffers(layout, which, row_pointers, embedding_ids, sample_ids, gain
             for p in range(bounds.shape[1]):
                 base = p * rows_per_shard
                 for j in range(bounds[s, p, 0], bounds[s, p, 1]):
-                    if not entry_in_range(embedding_ids[j], sample_ids[j], rows_per_shard,
-                                          samples):
+                    o = s * samples + sample_ids[j]
+                    if o < first or o >= stop or not entry_in_range(
+                            embedding_ids[j], sample_ids[j], rows_per_shard, samples):
                         continue
-                    add_scaled_from(row_address(out, s * samples + sample_ids[j]),
-                                    row_address(table, base + embedding_ids[j]), gains[j], dim,
-                                    source_format)
+                    add_scaled_from(row_address(out, o), row_address(table, base + embedding_ids[j]),
+                                    gains[j], dim, source_format)
     return 0
 
 
@@ -221,7 +228,7 @@ _LOOKUP_KERNELS = {FLOAT32: _lookup_buffers_kernel, BFLOAT16: _lookup_buffers_bf
 LOOKUP_BUFFERS = {t: register_kernel(
     f"tilecore_lookup_buffers{suffix}", _LOOKUP_KERNELS[source_format],
     args=[(_i32, 1), (_i32, 1), (_i32, 1), (_i32, 1), (_i32, 1), (_f32, 1), (t, 2)],
-    rets=[(_f32, 2)]) for t, (suffix, source_format) in TABLE_FORMATS.items()}
+    rets=[(_f32, 2)], split=True) for t, (suffix, source_format) in TABLE_FORMATS.items()}
 """Table dtype → the lookup kernel of its rows (float32, bfloat16, float16)."""
 ROW_GRADIENTS_BUFFERS = register_kernel(
     "tilecore_row_gradients_buffers", _row_gradients_buffers_kernel,

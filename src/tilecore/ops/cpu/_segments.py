@@ -48,6 +48,23 @@ def prefetch_row(array, r):
 
 
 @_jit
+def clip_runs(cursors, stops, embedding_ids, sample_ids, rows_per_shard, samples, first, stop):
+    """Narrow sorted runs to the entries of local rows `[first, stop)`: each cursor moves past
+    the in-range entries of smaller rows, each stop back to the first of a row `>= stop`
+    (entries outside their shard or SparseCore, skipped anyway, may sit on either side)."""
+    for s in range(cursors.shape[0]):
+        j = cursors[s]
+        while j < stops[s] and (embedding_ids[j] < first or not entry_in_range(
+                embedding_ids[j], sample_ids[j], rows_per_shard, samples)):
+            j += 1
+        cursors[s] = j
+        while j < stops[s] and (embedding_ids[j] < stop or not entry_in_range(
+                embedding_ids[j], sample_ids[j], rows_per_shard, samples)):
+            j += 1
+        stops[s] = j
+
+
+@_jit
 def runs_sorted(bounds, p, embedding_ids, sample_ids, rows_per_shard, samples):
     """Whether every run of partition `p` lists its in-range rows in ascending order."""
     for s in range(bounds.shape[0]):

@@ -151,15 +151,20 @@ def add_scaled_from(destination, source, gain, width, source_format):
 
 
 @_jit
-def copy_table(destination, source):
-    """`destination[:] = source` for 2-D arrays of one shape (the callers' contract): a plain
+def copy_table(destination, source, part=0, parts=1, period=0):
+    """`destination[:] = source` for 2-D arrays of one shape (the callers' contract), or the
+    rows a split kernel's `part` of `parts` owns: in every block of `period` rows (the whole
+    table for 0), rows `[period·part/parts, period·(part+1)/parts)` of the block. A plain
     loop, which numba compiles without the broadcasting check of a slice assignment and
     the error message it formats (seconds of compile time in every kernel that had one)."""
     rows, width = min(destination.shape[0], source.shape[0]), min(destination.shape[1],
                                                                     source.shape[1])
-    for r in range(rows):
-        for d in range(width):
-            destination[r, d] = source[r, d]
+    block = period if period > 0 else max(rows, 1)
+    for start in range(0, rows, block):
+        for r in range(start + block * part // parts, min(start + block * (part + 1) // parts,
+                                                          rows)):
+            for d in range(width):
+                destination[r, d] = source[r, d]
 
 
 @_jit
