@@ -113,6 +113,7 @@ from ._ffi_abi import (  # noqa: F401  (generated handlers use these names)
     _store_i32,
     _store_i64,
     _struct_size,
+    _symbol_address,
     _voidptr,
     _yield_cpu,
 )
@@ -131,6 +132,13 @@ from ._vector import (
 # --------------------------------------------------------------------------------------
 Spec = tuple[DTypeLike, int]  # (dtype, rank >= 1) of one operand or result
 
+
+_ACTIVE_SYMBOL = "tilecore_ffi_active_split_calls"
+"""Process symbol of the count of split calls running now: a call splits into the pool's
+threads divided by that count, so devices that share the pool (several CPU devices in one
+process) do not each claim all of it."""
+_ACTIVE = globals().get("_ACTIVE") or ctypes.c_int64(0)
+llvm_binding.add_symbol(_ACTIVE_SYMBOL, ctypes.addressof(_ACTIVE))
 
 _HEADER_WORDS = 5
 """A split call's shared state (int64 words, `_malloc`ed): references (the call and each
@@ -170,12 +178,11 @@ def _handler_source(name: str, args: Sequence[tuple[np.dtype, int]],
                               f"{8 * word})), ({dims},), np.{view})")
             word += 1 + ndim
     every = ", ".join(views)
-    whole = ", 0, 1" if split else ""
     # The views are made before the `try`, which then holds the one call: numba lowers
     # every call inside a `try` with its own exception branches, and a `try` around the
     # views' calls too cost 4 of the 6.5 s a 15-buffer handler took to compile.
     serial = ["    try:",  # an escaping numba exception would otherwise read as success
-              f"        status = _kernel({every}{whole})",
+              f"        status = _kernel({every})",
               "    except Exception:",
               f"        return _make_error(api, {_ERR_INTERNAL}, {name + ': kernel raised'!r})",
               "    if status != 0:",
@@ -185,28 +192,33 @@ def _handler_source(name: str, args: Sequence[tuple[np.dtype, int]],
     if not split:
         return "\n".join(lines + serial)
     lines += ["    ctx = _load_i64(frame + _CF_CTX)",
-              "    parts = _pool_threads(api, ctx)",
-              f"    state = _malloc({8 * word}) if parts > 1 else 0",
-              "    if state != 0:",
-              "        _store_i64(state, parts)",
-              "        _store_i64(state + 8, 0)",
-              "        _store_i64(state + 16, parts)",
-              "        _store_i64(state + 24, 0)",
-              "        _store_i64(state + 32, 0)",
-              *stores,
-              f"        task = _load_symbol({symbol!r})",
-              "        for _ in range(parts - 1):",
-              "            if not _schedule(api, ctx, task, state):",
-              "                _atomic_add(state, -1)  # never to run: drop its reference",
-              f"        run(state, {every})",
-              "        while _atomic_add(state + 24, 0) < parts:",
-              "            _yield_cpu()",
-              "        failed = _atomic_add(state + 32, 0)",
-              "        release(state)",
-              "        if failed != 0:",
-              f"            return _make_error(api, {_ERR_INTERNAL}, "
+              f"    active = _symbol_address({_ACTIVE_SYMBOL!r})",
+              "    parts = max(_pool_threads(api, ctx) // (_atomic_add(active, 1) + 1), 1)",
+              f"    state = _malloc({8 * word})",
+              "    if state == 0:",
+              "        _atomic_add(active, -1)",
+              f"        return _make_error(api, {_ERR_INTERNAL}, "
+              f"{name + ': no memory for the state of a split call'!r})",
+              "    _store_i64(state, parts)",
+              "    _store_i64(state + 8, 0)",
+              "    _store_i64(state + 16, parts)",
+              "    _store_i64(state + 24, 0)",
+              "    _store_i64(state + 32, 0)",
+              *(line[4:] for line in stores),
+              f"    task = _load_symbol({symbol!r})",
+              "    for _ in range(parts - 1):",
+              "        if not _schedule(api, ctx, task, state):",
+              "            _atomic_add(state, -1)  # never to run: drop its reference",
+              f"    run(state, {every})",
+              "    while _atomic_add(state + 24, 0) < parts:",
+              "        _yield_cpu()",
+              "    failed = _atomic_add(state + 32, 0)",
+              "    release(state)",
+              "    _atomic_add(active, -1)",
+              "    if failed != 0:",
+              f"        return _make_error(api, {_ERR_INTERNAL}, "
               f"{name + ': kernel raised or rejected its operands in a part'!r})",
-              "        return 0"]
+              "    return 0"]
     run = ["def run(state, " + every + "):",
            "    parts = _load_i64(state + 16)",
            "    while True:",
@@ -238,7 +250,7 @@ def _handler_source(name: str, args: Sequence[tuple[np.dtype, int]],
            f"task = numba.cfunc(types.void(types.int64), cache={cache})(task)",
            "",
            ""]
-    return "\n".join(run + lines + serial)
+    return "\n".join(run + lines)
 
 
 CACHE_DIR_ENV = "TILECORE_CACHE_DIR"

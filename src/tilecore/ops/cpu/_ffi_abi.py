@@ -276,6 +276,27 @@ def _yield_cpu(typingctx):
     return types.void(), codegen
 
 
+def _symbol_cell(builder: Any, symbol: str) -> Any:
+    """The external int64 `symbol` (declared once per module)."""
+    cell = builder.module.globals.get(symbol)
+    if cell is None:
+        cell = ir.GlobalVariable(builder.module, _I64, symbol)
+        cell.linkage = "external"
+    return cell
+
+
+@intrinsic(prefer_literal=True)
+def _symbol_address(typingctx, name):
+    """The address of the process symbol `name` (see `_load_symbol`)."""
+    if not isinstance(name, types.StringLiteral):
+        return None
+    symbol = name.literal_value
+
+    def codegen(context, builder, sig, args):
+        return builder.ptrtoint(_symbol_cell(builder, symbol), _I64)
+    return types.int64(name), codegen
+
+
 @intrinsic(prefer_literal=True)
 def _load_symbol(typingctx, name):
     """The int64 stored at the process symbol `name` (registered with `llvmlite.binding.
@@ -286,11 +307,7 @@ def _load_symbol(typingctx, name):
     symbol = name.literal_value
 
     def codegen(context, builder, sig, args):
-        cell = builder.module.globals.get(symbol)
-        if cell is None:
-            cell = ir.GlobalVariable(builder.module, _I64, symbol)
-            cell.linkage = "external"
-        return builder.load(cell)
+        return builder.load(_symbol_cell(builder, symbol))
     return types.int64(name), codegen
 
 

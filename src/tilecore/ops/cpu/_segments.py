@@ -51,7 +51,10 @@ def prefetch_row(array, r):
 def clip_runs(cursors, stops, embedding_ids, sample_ids, rows_per_shard, samples, first, stop):
     """Narrow sorted runs to the entries of local rows `[first, stop)`: each cursor moves past
     the in-range entries of smaller rows, each stop back to the first of a row `>= stop`
-    (entries outside their shard or SparseCore, skipped anyway, may sit on either side)."""
+    (entries outside their shard or SparseCore, skipped anyway, may sit on either side).
+    The whole shard's rows (a call in one part) need no walk."""
+    if first <= 0 and stop >= rows_per_shard:
+        return
     for s in range(cursors.shape[0]):
         j = cursors[s]
         while j < stops[s] and (embedding_ids[j] < first or not entry_in_range(
