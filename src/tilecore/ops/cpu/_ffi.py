@@ -85,7 +85,6 @@ from ._ffi_abi import (  # noqa: F401  (generated handlers use these names)
     _VERSION_SIZE,
     _Api,
     _ApiVersion,
-    _atomic_add,
     _Attrs,
     _Buffer,
     _buffer,
@@ -97,25 +96,28 @@ from ._ffi_abi import (  # noqa: F401  (generated handlers use these names)
     _dim,
     _ErrorCreateArgs,
     _ExtensionBase,
-    _free,
     _load_i32,
     _load_i64,
     _load_symbol,
     _make_error,
-    _malloc,
     _Metadata,
     _MetadataExtension,
     _njit,
     _off,
-    _pool_threads,
     _prologue,
-    _schedule,
     _store_i32,
     _store_i64,
     _struct_size,
-    _symbol_address,
     _voidptr,
-    _yield_cpu,
+)
+from ._ffi_source import Signature, handler_source
+from ._ffi_split import (  # noqa: F401  (generated split handlers use these names)
+    _split_begin,
+    _split_claim,
+    _split_done,
+    _split_end,
+    _split_release,
+    _split_schedule,
 )
 from ._vector import (
     BFLOAT16,
@@ -131,126 +133,6 @@ from ._vector import (
 # Handler generation and registration.
 # --------------------------------------------------------------------------------------
 Spec = tuple[DTypeLike, int]  # (dtype, rank >= 1) of one operand or result
-
-
-_ACTIVE_SYMBOL = "tilecore_ffi_active_split_calls"
-"""Process symbol of the count of split calls running now: a call splits into the pool's
-threads divided by that count, so devices that share the pool (several CPU devices in one
-process) do not each claim all of it."""
-_ACTIVE = globals().get("_ACTIVE") or ctypes.c_int64(0)
-llvm_binding.add_symbol(_ACTIVE_SYMBOL, ctypes.addressof(_ACTIVE))
-
-_HEADER_WORDS = 5
-"""A split call's shared state (int64 words, `_malloc`ed): references (the call and each
-task it scheduled: the last to let go frees it), the next unclaimed part, the number of
-parts, parts finished, parts failed; then each buffer's address and dimensions."""
-
-
-def _handler_source(name: str, args: Sequence[tuple[np.dtype, int]],
-                    rets: Sequence[tuple[np.dtype, int]], split: bool = False,
-                    symbol: str = "", cache: bool = True) -> str:
-    """Python source of the cfunc body for one kernel (its checks and views unrolled); for a
-    `split` kernel also its `run` and `task` (see `FfiKernel`), the task's address read from
-    the process symbol `symbol`."""
-    lines = ["def handler(frame):",
-             f"    status = _prologue(frame, {len(args)}, {len(rets)})",
-             "    if status != _RUN:",
-             "        return status",
-             "    api = _load_i64(frame + _CF_API)"]
-    views, task_views, stores = [], [], []
-    word = _HEADER_WORDS
-    for group, label, specs in ((_CF_ARGS, "operand", args), (_CF_RETS, "result", rets)):
-        for i, (dtype, ndim) in enumerate(specs):
-            var = f"{label[0]}{i}"
-            message = f"{name}: {label} {i} must be a {dtype.name} array of rank {ndim}"
-            lines += [f"    {var} = _buffer(frame, {group}, {i})",
-                      f"    if not _buffer_ok({var}, {_DTYPE_CODES[dtype]}, {ndim}):",
-                      f"        return _make_error(api, {_ERR_INVALID_ARGUMENT}, {message!r})"]
-            shape = ", ".join(f"_dim({var}, {axis})" for axis in range(ndim))
-            view = "uint16" if dtype in _HALF_FLOATS else dtype.name
-            views.append(f"v{len(views)}")
-            lines.append(f"    {views[-1]} = numba.carray(_data({var}), ({shape},), np.{view})")
-            stores.append(f"        _store_i64(state + {8 * word}, _load_i64({var} + _BUF_DATA))")
-            stores += [f"        _store_i64(state + {8 * (word + 1 + axis)}, _dim({var}, {axis}))"
-                       for axis in range(ndim)]
-            dims = ", ".join(f"_load_i64(state + {8 * (word + 1 + axis)})" for axis in range(ndim))
-            task_views.append(f"    {views[-1]} = numba.carray(_voidptr(_load_i64(state + "
-                              f"{8 * word})), ({dims},), np.{view})")
-            word += 1 + ndim
-    every = ", ".join(views)
-    # The views are made before the `try`, which then holds the one call: numba lowers
-    # every call inside a `try` with its own exception branches, and a `try` around the
-    # views' calls too cost 4 of the 6.5 s a 15-buffer handler took to compile.
-    serial = ["    try:",  # an escaping numba exception would otherwise read as success
-              f"        status = _kernel({every})",
-              "    except Exception:",
-              f"        return _make_error(api, {_ERR_INTERNAL}, {name + ': kernel raised'!r})",
-              "    if status != 0:",
-              f"        return _make_error(api, {_ERR_INVALID_ARGUMENT}, "
-              f"{name + ': kernel rejected its operands (shape mismatch)'!r})",
-              "    return 0"]
-    if not split:
-        return "\n".join(lines + serial)
-    lines += ["    ctx = _load_i64(frame + _CF_CTX)",
-              f"    active = _symbol_address({_ACTIVE_SYMBOL!r})",
-              "    parts = max(_pool_threads(api, ctx) // (_atomic_add(active, 1) + 1), 1)",
-              f"    state = _malloc({8 * word})",
-              "    if state == 0:",
-              "        _atomic_add(active, -1)",
-              f"        return _make_error(api, {_ERR_INTERNAL}, "
-              f"{name + ': no memory for the state of a split call'!r})",
-              "    _store_i64(state, parts)",
-              "    _store_i64(state + 8, 0)",
-              "    _store_i64(state + 16, parts)",
-              "    _store_i64(state + 24, 0)",
-              "    _store_i64(state + 32, 0)",
-              *(line[4:] for line in stores),
-              f"    task = _load_symbol({symbol!r})",
-              "    for _ in range(parts - 1):",
-              "        if not _schedule(api, ctx, task, state):",
-              "            _atomic_add(state, -1)  # never to run: drop its reference",
-              f"    run(state, {every})",
-              "    while _atomic_add(state + 24, 0) < parts:",
-              "        _yield_cpu()",
-              "    failed = _atomic_add(state + 32, 0)",
-              "    release(state)",
-              "    _atomic_add(active, -1)",
-              "    if failed != 0:",
-              f"        return _make_error(api, {_ERR_INTERNAL}, "
-              f"{name + ': kernel raised or rejected its operands in a part'!r})",
-              "    return 0"]
-    run = ["def run(state, " + every + "):",
-           "    parts = _load_i64(state + 16)",
-           "    while True:",
-           "        part = _atomic_add(state + 8, 1)",
-           "        if part >= parts:",
-           "            return",
-           "        try:",
-           f"            status = _kernel({every}, part, parts)",
-           "        except Exception:",
-           "            status = -1",
-           "        if status != 0:",
-           "            _atomic_add(state + 32, 1)",
-           "        _atomic_add(state + 24, 1)",
-           "",
-           "",
-           "def release(state):",
-           "    if _atomic_add(state, -1) == 1:",
-           "        _free(state)",
-           "",
-           "",
-           "def task(state):",
-           *task_views,
-           f"    run(state, {every})",
-           "    release(state)",
-           "",
-           "",
-           f"run = numba.njit(nogil=True, cache={cache}, error_model='numpy')(run)",
-           f"release = numba.njit(nogil=True, cache={cache})(release)",
-           f"task = numba.cfunc(types.void(types.int64), cache={cache})(task)",
-           "",
-           ""]
-    return "\n".join(run + lines)
 
 
 CACHE_DIR_ENV = "TILECORE_CACHE_DIR"
@@ -282,13 +164,13 @@ def _task_symbol(name: str) -> str:
     return f"tilecore_ffi_task_{name}"
 
 
-def _compiled_handler(name: str, kernel: Any, args: Sequence[tuple[np.dtype, int]],
-                      rets: Sequence[tuple[np.dtype, int]], split: bool = False) -> Any:
+def _compiled_handler(name: str, kernel: Any, args: Signature, rets: Signature,
+                      split: bool = False) -> Any:
     """The cfunc handler of `kernel`, compiled from a generated module numba can cache.
 
     The handler's source is generated per signature. Written to a file named by the
     hash of everything it depends on, numba caches its machine code across
-    processes (compiling a handler costs about a second); without a writable cache
+    processes (compiling a handler costs 1 to 6 s cold); without a writable cache
     directory, or for a kernel that is not a module-level name, the source is
     compiled in memory instead. A `split` handler's task address differs in every
     process, so it is never compiled in: the handler reads it from a cell registered
@@ -304,14 +186,14 @@ def _compiled_handler(name: str, kernel: Any, args: Sequence[tuple[np.dtype, int
                   and getattr(sys.modules.get(py_func.__module__), py_func.__name__, None)
                   is kernel)
     if directory is None or not importable:
-        body = _handler_source(name, args, rets, split, symbol, cache=False)
+        body = handler_source(name, args, rets, split, symbol, cache=False)
         scope = dict(globals(), _kernel=kernel)
         exec(compile(body, f"<tilecore ffi handler {name}>", "exec"), scope)
         if split:
             _TASK_CELLS[name].value = scope["task"].address
             _TASKS[name] = scope["task"]
         return numba.cfunc(types.int64(types.int64))(scope["handler"])
-    body = _handler_source(name, args, rets, split, symbol)
+    body = handler_source(name, args, rets, split, symbol)
     header = (
         "import numba\nimport numpy as np\nfrom numba import types\n"
         "import tilecore.ops.cpu._ffi as _ffi\n"

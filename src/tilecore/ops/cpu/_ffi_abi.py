@@ -427,3 +427,4 @@ def _schedule(api, ctx, task, data):
         _destroy_error(api, error)
         return False
     return True
+
