@@ -156,6 +156,39 @@ def test_auto_and_explicit_meshes_both_work() -> None:
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
+def test_eager_calls_run_as_one_compiled_program() -> None:
+    # Outside jit an op would run primitive by primitive: one small XLA program each
+    # (hundreds on a mesh). Eager calls go through one jitted program per plan instead,
+    # compiled once and equal to the user's own jit of the same call.
+    plan = _plan()
+    tables = {n: jnp.asarray(t) for n, t in ops.shard(plan, _tables(plan)).items()}
+    variables = ops.init_tables(plan, jax.random.key(0))
+    grads = {name: jnp.ones((16, 6), jnp.float32) for name in plan.features}
+    jitted_lookup = jax.jit(lambda b, t: ops.lookup(plan, b, t))
+    jitted_grad = jax.jit(lambda b, v, g: ops.lookup_grad(plan, b, v, g, 3))
+    jitted_lookup(_batch(plan), tables)  # the kernels' one-time set-up, if any, happens here
+    jitted_grad(_batch(plan), variables, grads)
+    compiled: list[str] = []
+
+    def listen(event: str, duration_secs: float, **kwargs: str | int) -> None:
+        del duration_secs
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiled.append(str(kwargs.get("fun_name")))
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        for seed in range(2):
+            batch = _batch(plan, seed)
+            eager = ops.lookup(plan, batch, tables)
+            assert jax.tree.all(jax.tree.map(np.array_equal, eager, jitted_lookup(batch, tables)))
+            eager_update = ops.lookup_grad(plan, batch, variables, grads, 3)
+            assert jax.tree.all(jax.tree.map(np.array_equal, eager_update,
+                                             jitted_grad(batch, variables, grads)))
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert sorted(compiled) == ["jit(_compiled_lookup)", "jit(_compiled_lookup_grad)"]
+
+
 def test_update_options_refuse_a_reversed_clip_range() -> None:
     with pytest.raises(ValueError, match=r"clip\['s'\] must be \(min, max\)"):
         ops.UpdateOptions(clip={"s": (1.0, -1.0)})

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +16,7 @@ from ..stacking import StackingPlan
 from . import _checks as checks
 from ._activations import unstack_activations
 from ._contract import check_call
+from ._eager import ByIdentity, is_eager
 from ._layout import stack_layouts
 from ._per_device import lookup_stack
 from ._variables import EmbeddingVariables
@@ -73,6 +76,9 @@ def lookup(
     """
     layouts = stack_layouts(plan)
     check_call(plan, batch, mesh, axis, "lookup")
+    if is_eager(batch, tables):
+        return _compiled_lookup(ByIdentity(plan), batch, dict(tables), mesh=mesh, axis=axis,
+                                stacked=stacked, check_finite=check_finite)
 
     def per_device(buffers: Mapping[str, StackBuffers], tabs: Mapping[str, jax.Array],
                    num_minibatches: jax.Array) -> dict[str, jax.Array]:
@@ -99,3 +105,12 @@ def lookup(
     return sharded(stacks, tabs, count)
 
 
+
+
+@functools.partial(jax.jit, static_argnums=0,
+                   static_argnames=("mesh", "axis", "stacked", "check_finite"))
+def _compiled_lookup(plan: ByIdentity[StackingPlan], batch: PreprocessedBatch,
+                     tables: Mapping[str, EmbeddingVariables | jax.Array], **options: Any
+                     ) -> dict[str, jax.Array]:
+    """`lookup` called eagerly, as one program (`_eager`)."""
+    return lookup(plan.value, batch, tables, **options)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -16,6 +17,7 @@ from ..stacking import StackingPlan
 from . import _checks as checks
 from ._activations import stack_gradients
 from ._contract import check_call, check_step
+from ._eager import ByIdentity, is_eager
 from ._layout import stack_layouts
 from ._lookup import DEFAULT_AXIS, num_minibatches_of, on_mesh
 from ._per_device import lookup_grad_stack
@@ -57,6 +59,11 @@ class UpdateOptions:
                 raise ValueError(f"UpdateOptions: clip[{name!r}] must be (min, max) with "
                                  f"min <= max; got {bounds!r}.")
 
+    def __hash__(self) -> int:
+        # By value, as `==` compares (a static argument of the jitted eager call).
+        return hash((tuple((name, tuple(bounds)) for name, bounds in sorted(self.clip.items())),
+                     self.check_finite, self.serialize_stacks, self.rounding_seed))
+
 
 DEFAULT_OPTIONS = UpdateOptions()
 """`lookup_grad`'s default options."""
@@ -94,6 +101,11 @@ def lookup_grad(
     unknown = sorted(set(clip) - set(layouts))
     if unknown:
         raise ValueError(f"clip names unknown stacks {unknown}; stacks: {sorted(layouts)}.")
+    check_step(step)
+    if is_eager(batch, variables, activation_grads, step):
+        return _compiled_lookup_grad(ByIdentity(plan), batch, dict(variables),
+                                     dict(activation_grads), step, mesh=mesh, axis=axis,
+                                     stacked=stacked, options=options)
 
     def per_device(buffers: Mapping[str, StackBuffers], tables: Mapping[str, EmbeddingVariables],
                    grads: Mapping[str, jax.Array], step: Any, num_minibatches: jax.Array
@@ -130,7 +142,6 @@ def lookup_grad(
         return dict(zip(layouts, results, strict=True))
 
     tables = {name: variables[name] for name in layouts}
-    check_step(step)
     step = jnp.asarray(step, jnp.int32)  # one compiled program whatever the step's Python type
     count = num_minibatches_of(batch)
     if mesh is None:
@@ -143,3 +154,13 @@ def lookup_grad(
     )
     stacks, tables, grads = on_mesh(mesh, axis, dict(batch.stacks), tables, dict(activation_grads))
     return sharded(stacks, tables, grads, step, count)
+
+
+@functools.partial(jax.jit, static_argnums=0,
+                   static_argnames=("mesh", "axis", "stacked", "options"))
+def _compiled_lookup_grad(plan: ByIdentity[StackingPlan], batch: PreprocessedBatch,
+                          variables: Mapping[str, EmbeddingVariables],
+                          activation_grads: Mapping[str, jax.Array], step: Any, **options: Any
+                          ) -> dict[str, EmbeddingVariables]:
+    """`lookup_grad` called eagerly, as one program (`_eager`)."""
+    return lookup_grad(plan.value, batch, variables, activation_grads, step, **options)

@@ -1,0 +1,43 @@
+"""Eager calls of the public ops run as one compiled program.
+
+Called outside `jit`, a JAX function runs op by op: every primitive is compiled and
+dispatched on its own. For `lookup` and `lookup_grad` on a mesh that is a few hundred
+small XLA programs (about 10 s before the first result on a 2-CPU host) and a slow
+dispatch ever after. An eager call therefore goes through `jit` with everything that
+shapes the program static: the plan (by identity: it holds dicts, so has no value hash),
+the mesh, the axis and the options. A second call with the same plan runs the cached
+program; results are those of the same call under the user's own `jit`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Generic, TypeVar
+
+import jax
+from jax.core import Tracer
+
+T = TypeVar("T")
+
+
+def is_eager(*trees: object) -> bool:
+    """Whether no leaf of `trees` is traced: the op was called outside jit, grad or vmap."""
+    return not any(isinstance(leaf, Tracer) for leaf in jax.tree.leaves(trees))
+
+
+class ByIdentity(Generic[T]):
+    """A static `jit` argument equal only to a holder of the same object.
+
+    The jit cache keeps the holder, so the object stays alive while its program is
+    cached and its `id` cannot be reused by another.
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: T) -> None:
+        self.value = value
+
+    def __hash__(self) -> int:
+        return id(self.value)
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, ByIdentity) and other.value is self.value
