@@ -237,7 +237,8 @@ def test_lookup_parts_write_their_own_rows_and_add_up_to_the_whole(minibatching:
 
     rng = np.random.default_rng(3)
     tables = [tc.TableSpec(name=f"t{i}", vocab_size=v, embedding_dim=16, combiner=c)
-              for i, (v, c) in enumerate([(50, "sum"), (3000, "mean")])]
+              for i, (v, c) in enumerate([(50, "sum"), (70000, "mean")])]
+    # 70,000 rows of 16 floats: a stack above PREFETCH_TABLE_BYTES, whose rows are prefetched.
     features = [tc.FeatureSpec(name=f"f{i}", table=t, input_shape=(40, 7))
                 for i, t in enumerate(tables)]
     plan = tc.plan_stacking(features, tc.Topology(global_devices=1, sc_per_device=2))

@@ -10,7 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tilecore.ops.cpu._vector import add_scaled, copy_table, row_address
+from tilecore.ops.cpu._vector import (
+    TABLE_FORMATS,
+    add_scaled,
+    add_scaled_from,
+    copy_table,
+    row_address,
+)
 
 
 @numba.njit(cache=False)
@@ -40,6 +46,32 @@ def test_add_scaled_equals_the_scalar_loop_bit_for_bit(width: int, entries: int,
     vector, scalar = start.copy(), start.copy()
     _add_scaled_rows(vector, rows, gains, src, picks)
     _scalar_rows(scalar, rows, gains, src, picks)
+    np.testing.assert_array_equal(vector, scalar)
+
+
+@numba.njit(cache=False)
+def _add_scaled_from_rows(out, rows, gains, src, picks, source_format):
+    for i in range(rows.shape[0]):
+        add_scaled_from(row_address(out, rows[i]), row_address(src, picks[i]), gains[i],
+                        out.shape[1], source_format)
+
+
+# The widths with straight-line code (16, 32), their neighbours, and longer rows.
+@settings(max_examples=40, deadline=None)
+@given(width=st.sampled_from([1, 15, 16, 17, 31, 32, 33, 48, 64, 70]),
+       dtype=st.sampled_from(sorted(TABLE_FORMATS, key=str)), seed=st.integers(0, 2**31))
+def test_add_scaled_from_equals_the_widened_scalar_loop(width: int, dtype: np.dtype,
+                                                        seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    values = rng.standard_normal((9, width)).astype(dtype)
+    start = rng.standard_normal((7, width)).astype(np.float32)
+    rows = rng.integers(0, 7, 30).astype(np.int32)
+    picks = rng.integers(0, 9, 30).astype(np.int32)
+    gains = rng.standard_normal(30).astype(np.float32)
+    vector, scalar = start.copy(), start.copy()
+    bits = values if dtype == np.float32 else values.view(np.uint16)
+    _add_scaled_from_rows(vector, rows, gains, bits, picks, TABLE_FORMATS[dtype][1])
+    _scalar_rows(scalar, rows, gains, values.astype(np.float32), picks)
     np.testing.assert_array_equal(vector, scalar)
 
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from ..._numba import njit
 from ...preprocessing._packed import run_bounds
+from ...preprocessing._pointers import prefetch
 from .._backend import FlatBuffers
 from .._layout import StackLayout
 from ._ffi import register_kernel
@@ -24,10 +25,18 @@ from ._vector import (
     add_scaled,
     add_scaled_from,
     copy_table,
+    jit_inline,
     row_address,
 )
 
 _jit = njit(nogil=True, cache=True, error_model="numpy", boundscheck=False)
+
+PREFETCH_DISTANCE = 12
+"""How many entries ahead the forward prefetches table rows (8 to 16 alike on AMD Zen 4)."""
+PREFETCH_TABLE_BYTES = 4 << 20
+"""Tables above this size have their rows prefetched: the rows of a larger table miss the
+caches, and asking early hides that (a fifth off those stacks); a smaller table's rows
+hit them, and the prefetches only cost (a sixth more on criteo26's small many-hot stacks)."""
 
 
 @_jit
@@ -120,7 +129,7 @@ def _row_gradients_kernel(rows, samples, gains, grads, unique, sums, distinct):
     return _aggregate(rows, samples, gains, grads, unique, sums, distinct)
 
 
-@_jit
+@jit_inline
 def entry_in_range(embedding_id, sample_id, rows_per_shard, samples):
     """Whether an entry addresses a row of its shard and a sample of its SparseCore.
 
@@ -160,9 +169,11 @@ def _lookup_buffers(layout, which, row_pointers, embedding_ids, sample_ids, gain
                     source_format, part, parts):
     """Part `part` of `parts` of the activations: output rows `[n·part/parts, n·(part+1)/parts)`
     of the `n`, zeroed and then summed from the entries that pool into them (each part reads
-    every entry's output row, a fraction of a row's work, and no part writes another's)."""
+    every entry's output row, a fraction of a row's work, and no part writes another's).
+    The rows of a table too large for the caches are prefetched a few entries ahead."""
     rows_per_shard, samples = layout[3], layout[4]
     dim = table.shape[1]
+    far = table.shape[0] * table.strides[0] > PREFETCH_TABLE_BYTES
     first = out.shape[0] * part // parts
     stop = out.shape[0] * (part + 1) // parts
     for o in range(first, stop):
@@ -175,13 +186,17 @@ def _lookup_buffers(layout, which, row_pointers, embedding_ids, sample_ids, gain
         for s in range(bounds.shape[0]):
             for p in range(bounds.shape[1]):
                 base = p * rows_per_shard
-                for j in range(bounds[s, p, 0], bounds[s, p, 1]):
+                end = bounds[s, p, 1]
+                for j in range(bounds[s, p, 0], end):
+                    if far and j + PREFETCH_DISTANCE < end:
+                        prefetch(row_address(table, base + embedding_ids[j + PREFETCH_DISTANCE]))
                     o = s * samples + sample_ids[j]
                     if o < first or o >= stop or not entry_in_range(
                             embedding_ids[j], sample_ids[j], rows_per_shard, samples):
                         continue
-                    add_scaled_from(row_address(out, o), row_address(table, base + embedding_ids[j]),
-                                    gains[j], dim, source_format)
+                    add_scaled_from(row_address(out, o),
+                                    row_address(table, base + embedding_ids[j]), gains[j], dim,
+                                    source_format)
     return 0
 
 

@@ -103,13 +103,27 @@ def _axpy1_f16(typingctx, destination, source, gain):
 
 
 _jit = njit(nogil=True, cache=True, error_model="numpy", boundscheck=False)
+jit_inline = njit(nogil=True, cache=True, error_model="numpy", boundscheck=False, inline="always")
+"""For the helpers a kernel calls once per entry or row. numba calls another jitted function
+out of line, and its row loop then runs for an unknown width: inlined, with straight-line
+code at the common widths, criteo26's forward kernels take 4.7 ms instead of 6.1 on one
+core (AMD Zen 4)."""
 
 
-@_jit
+@jit_inline
 def add_scaled(destination, source, gain, width):
     """`dst[0:width] += gain · src[0:width]`: float32 runs at integer addresses (rows of
-    C-contiguous arrays), 16 lanes at a time. The runs must not overlap partially."""
+    C-contiguous arrays), 16 lanes at a time. The runs must not overlap partially.
+    Rows of 16 or 32 take straight-line code: a two-trip loop per row cost a third of a
+    forward entry's time."""
     gain = numba.float32(gain)
+    if width == 2 * LANES:
+        _axpy16(destination, source, gain)
+        _axpy16(destination + 4 * LANES, source + 4 * LANES, gain)
+        return
+    if width == LANES:
+        _axpy16(destination, source, gain)
+        return
     step = LANES * 4
     end = (width - width % LANES) * 4
     for offset in range(0, end, step):
@@ -129,25 +143,41 @@ TABLE_FORMATS: dict[np.dtype, tuple[str, int]] = {
 """Table dtype → (the suffix of its kernels' FFI names, its format in the kernels)."""
 
 
-@_jit
+@jit_inline
 def add_scaled_from(destination, source, gain, width, source_format):
     """`add_scaled` from a row stored as float32, bfloat16 or float16 (2-byte values at
     `source`), widened to float32 lane by lane: the same sums as from the float32 row."""
     if source_format == FLOAT32:
         add_scaled(destination, source, gain, width)
-        return
+    elif source_format == BFLOAT16:
+        _add_scaled_half(destination, source, gain, width, BFLOAT16)
+    else:
+        _add_scaled_half(destination, source, gain, width, FLOAT16)
+
+
+@jit_inline
+def _add_scaled_half(destination, source, gain, width, source_format):
     gain = numba.float32(gain)
+    if width == 2 * LANES:  # straight-line code for the common width, as in `add_scaled`
+        _axpy16_half(destination, source, gain, source_format)
+        _axpy16_half(destination + 4 * LANES, source + 2 * LANES, gain, source_format)
+        return
     end = width - width % LANES
     for k in range(0, end, LANES):
-        if source_format == BFLOAT16:
-            _axpy16_bf16(destination + 4 * k, source + 2 * k, gain)
-        else:
-            _axpy16_f16(destination + 4 * k, source + 2 * k, gain)
+        _axpy16_half(destination + 4 * k, source + 2 * k, gain, source_format)
     for k in range(end, width):
         if source_format == BFLOAT16:
             _axpy1_bf16(destination + 4 * k, source + 2 * k, gain)
         else:
             _axpy1_f16(destination + 4 * k, source + 2 * k, gain)
+
+
+@jit_inline
+def _axpy16_half(destination, source, gain, source_format):
+    if source_format == BFLOAT16:
+        _axpy16_bf16(destination, source, gain)
+    else:
+        _axpy16_f16(destination, source, gain)
 
 
 @_jit
@@ -167,7 +197,7 @@ def copy_table(destination, source, part=0, parts=1, period=0):
                 destination[r, d] = source[r, d]
 
 
-@_jit
+@jit_inline
 def row_address(array, r):
     """The address of row `r` of a 2-D C-contiguous array (or element `r` of a 1-D one)."""
     return array.ctypes.data + r * array.strides[0]
