@@ -23,6 +23,7 @@ import pytest
 import tilecore as tc
 import tilecore.checkpoint as ck
 import tilecore.ops as ops
+from _xla_flags import xla_flags
 
 AXIS = "sparsecore"
 HERE = Path(__file__)
@@ -280,7 +281,7 @@ def _run_multidevice(root: Path) -> None:
 
 
 def test_restore_across_device_counts_on_meshes(tmp_path: Path) -> None:
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+    env = {**os.environ, "XLA_FLAGS": xla_flags(8),
            "JAX_PLATFORMS": "cpu"}
     result = subprocess.run([sys.executable, str(HERE), "multidevice", str(tmp_path)], env=env,
                             capture_output=True, text=True, timeout=300, check=False)

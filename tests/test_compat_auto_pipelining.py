@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from _xla_flags import xla_flags
 from tilecore.compat import embedding, embedding_spec
 from tilecore.compat.lib.auto_pipelining import auto_pipelining as ap
 from tilecore.compat.lib.auto_pipelining import decompose, preprocess, utils
@@ -603,7 +604,7 @@ def _multidevice() -> None:
 
 
 def test_two_devices() -> None:
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+    env = {**os.environ, "XLA_FLAGS": xla_flags(2),
            "JAX_PLATFORMS": "cpu"}
     result = subprocess.run([sys.executable, str(HERE), "multidevice"], env=env,
                             capture_output=True, text=True, timeout=300, check=False)

@@ -24,6 +24,7 @@ import optax
 import orbax.checkpoint as ocp
 import pytest
 
+from _xla_flags import xla_flags
 from tilecore.checkpoint import CheckpointCorruptError
 from tilecore.compat.lib.flax.nnx import checkpoint_utils as cu
 from tilecore.compat.lib.flax.nnx import embed, offline_converter
@@ -161,7 +162,7 @@ def _multidevice(root: Path) -> None:
 
 
 def test_save_restore_convert_across_device_counts(tmp_path: Path) -> None:
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+    env = {**os.environ, "XLA_FLAGS": xla_flags(4),
            "JAX_PLATFORMS": "cpu"}
     result = subprocess.run([sys.executable, str(HERE), "multidevice", str(tmp_path)], env=env,
                             capture_output=True, text=True, timeout=300, check=False)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from google.protobuf import descriptor_pool
 
+from _xla_flags import xla_flags
 from tilecore.compat import embedding, embedding_spec, table_stacking
 from tilecore.compat._native import build_plan
 from tilecore.compat.lib.nn import embedding_proto_utils as epu
@@ -427,7 +428,7 @@ def test_stacked_tables_keep_a_two_device_sharding(tmp_path) -> None:
     """)
     proto = epu.create_proto_from_feature_specs(feature_specs(), DEVICES, SC)
     (tmp_path / "proto.bin").write_bytes(proto.SerializeToString())
-    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    env = {"XLA_FLAGS": xla_flags(2), "JAX_PLATFORMS": "cpu"}
 
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             env={**os.environ, **env}, timeout=240, check=False)

@@ -31,6 +31,7 @@ import pytest
 import tilecore as tc
 from _distributed_worker import MINIBATCH_LIMIT, OPS_CASE, STEPS
 from _ops_cases import Run, assert_close, run_steps, unshard_state
+from _xla_flags import xla_flags
 
 WORKER = Path(__file__).with_name("_distributed_worker.py")
 
@@ -66,7 +67,7 @@ def _free_port() -> int:
 def _launch(launch: Launch, out: Path) -> Path:
     processes, devices, parts, kernels = launch
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1", TILECORE_KERNELS=kernels,
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+               XLA_FLAGS=xla_flags(devices))
     port = _free_port()
     logs = [open(out / f"log-{p}.txt", "w") for p in range(processes)]  # noqa: SIM115
     procs = [subprocess.Popen([sys.executable, str(WORKER), str(p), str(processes), str(port),

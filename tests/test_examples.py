@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from _xla_flags import xla_flags
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 RUNS: dict[str, list[str]] = {
     "quickstart": ["--tiny"],
@@ -31,10 +33,8 @@ DEVICES = {"port_from_reference": 4}
 
 
 def run_example(name: str, args: list[str]) -> subprocess.CompletedProcess[str]:
-    env = {key: value for key, value in os.environ.items() if key != "XLA_FLAGS"}
-    env.update(JAX_PLATFORMS="cpu", TILECORE_NUM_THREADS="1")
-    if name in DEVICES:
-        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES[name]}"
+    env = dict(os.environ, JAX_PLATFORMS="cpu", TILECORE_NUM_THREADS="1",
+               XLA_FLAGS=xla_flags(DEVICES.get(name)))
     return subprocess.run([sys.executable, "-W", "error", str(EXAMPLES / f"{name}.py"), *args],
                           env=env, capture_output=True, text=True, timeout=300, check=False)
 

@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from _xla_flags import xla_flags
+
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 
@@ -312,7 +314,7 @@ def test_kernel_runs_per_device_inside_shard_map() -> None:
                 np.testing.assert_allclose(updated[g * V:(g + 1) * V], t, atol=1e-4)
         print("shard_map ok")
     """)
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+    env = dict(os.environ, XLA_FLAGS=xla_flags(2),
                JAX_PLATFORMS="cpu")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             env=env, timeout=600)

@@ -36,6 +36,7 @@ from typing import Any, Literal, NamedTuple
 import pytest
 
 from _together_worker import SILENT_S
+from _xla_flags import xla_flags
 from test_distributed import _free_port, _gloo_missing, _useful_lines
 from tilecore.distributed import fail_together
 from tilecore.distributed._together import DONE, Silence
@@ -94,7 +95,7 @@ def killed(made_once: MadeOnce) -> Job:
 def _run_job(launch: Launch, out: Path) -> Job:
     count = launch.processes
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1",
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={launch.devices}")
+               XLA_FLAGS=xla_flags(launch.devices))
     port = _free_port()
     logs = [open(out / f"log-{p}.txt", "w") for p in range(count)]  # noqa: SIM115
     procs = [subprocess.Popen([sys.executable, str(WORKER), str(p), str(count), str(port),

@@ -131,7 +131,7 @@ def test_auto_and_explicit_meshes_both_work() -> None:
 
     code = textwrap.dedent("""
         import os
-        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+        os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=2"
         os.environ["TILECORE_KERNELS"] = "xla"
         import jax, numpy as np, tilecore as tc
         from jax.sharding import Mesh

@@ -21,6 +21,7 @@ import pytest
 
 import _input_worker_sources
 import tilecore as tc
+from _xla_flags import xla_flags
 from tilecore import checkpoint, data
 from tilecore_apps import dlrm as training
 from tilecore_apps.cli import main
@@ -393,7 +394,7 @@ def test_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_two_devices_in_a_subprocess(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = dict(os.environ, XLA_FLAGS=xla_flags())  # one device: `--devices 2` must re-run
     code = "import sys; from tilecore_apps.cli import main; sys.exit(main(sys.argv[1:]))"
     argv = ["train", "--devices", "2", "--steps", "2", "--eval-every", "2", *TINY,
             "--out", str(tmp_path)]
