@@ -33,6 +33,8 @@ import tilecore as tc
 
 SILENT_S = 4.0
 """The survivors' `silent_s`: small, so that the test waits seconds, not the default 30."""
+POLL_S = 0.5
+"""How often each process beats and reads its peers' beats (`fail_together`'s `poll_s`)."""
 
 
 def main(me: int, count: int, port: int, out: Path, failing: int, how: str,
@@ -48,7 +50,7 @@ def main(me: int, count: int, port: int, out: Path, failing: int, how: str,
     jax.distributed.initialize(coordinator_address=f"localhost:{port}", num_processes=count,
                                process_id=me, initialization_timeout=60,
                                heartbeat_timeout_seconds=120)
-    distributed.fail_together(poll_s=0.5, silent_s=SILENT_S if how == "kill" else 30.0)
+    distributed.fail_together(poll_s=POLL_S, silent_s=SILENT_S if how == "kill" else 30.0)
     mesh = jax.make_mesh((jax.device_count(),), (AXIS,))
     seen: dict[str, Any] = {}
 
