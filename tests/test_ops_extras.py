@@ -187,6 +187,13 @@ def test_eager_calls_run_as_one_compiled_program() -> None:
     finally:
         jax.monitoring.unregister_event_duration_listener(listen)
     assert sorted(compiled) == ["jit(_compiled_lookup)", "jit(_compiled_lookup_grad)"]
+    with jax.disable_jit():  # op by op, as asked (the jitted call would recurse)
+        batch = _batch(plan)
+        assert jax.tree.all(jax.tree.map(np.allclose, ops.lookup(plan, batch, tables),
+                                         jitted_lookup(batch, tables)))
+        assert jax.tree.all(jax.tree.map(np.allclose, ops.lookup_grad(plan, batch, variables,
+                                                                      grads, 3),
+                                         jitted_grad(batch, variables, grads)))
 
 
 def test_update_options_refuse_a_reversed_clip_range() -> None:

@@ -19,8 +19,12 @@ from jax.core import Tracer
 T = TypeVar("T")
 
 
-def is_eager(*trees: object) -> bool:
-    """Whether no leaf of `trees` is traced: the op was called outside jit, grad or vmap."""
+def should_jit(*trees: object) -> bool:
+    """Whether an op called with `trees` runs through `jit`: called eagerly (no leaf is
+    traced: outside jit, grad or vmap) with jit enabled (under `jax.disable_jit()` the
+    user asked for op-by-op execution, and the jitted call would only call the op again)."""
+    if jax.config.jax_disable_jit:  # pyright: ignore[reportAttributeAccessIssue] (a dynamic flag)
+        return False
     return not any(isinstance(leaf, Tracer) for leaf in jax.tree.leaves(trees))
 
 

@@ -16,7 +16,7 @@ from ..stacking import StackingPlan
 from . import _checks as checks
 from ._activations import unstack_activations
 from ._contract import check_call
-from ._eager import ByIdentity, is_eager
+from ._eager import ByIdentity, should_jit
 from ._layout import stack_layouts
 from ._per_device import lookup_stack
 from ._variables import EmbeddingVariables
@@ -76,7 +76,7 @@ def lookup(
     """
     layouts = stack_layouts(plan)
     check_call(plan, batch, mesh, axis, "lookup")
-    if is_eager(batch, tables):
+    if should_jit(batch, tables):
         return _compiled_lookup(ByIdentity(plan), batch, dict(tables), mesh=mesh, axis=axis,
                                 stacked=stacked, check_finite=check_finite)
 

@@ -17,7 +17,7 @@ from ..stacking import StackingPlan
 from . import _checks as checks
 from ._activations import stack_gradients
 from ._contract import check_call, check_step
-from ._eager import ByIdentity, is_eager
+from ._eager import ByIdentity, should_jit
 from ._layout import stack_layouts
 from ._lookup import DEFAULT_AXIS, num_minibatches_of, on_mesh
 from ._per_device import lookup_grad_stack
@@ -102,7 +102,7 @@ def lookup_grad(
     if unknown:
         raise ValueError(f"clip names unknown stacks {unknown}; stacks: {sorted(layouts)}.")
     check_step(step)
-    if is_eager(batch, variables, activation_grads, step):
+    if should_jit(batch, variables, activation_grads, step):
         return _compiled_lookup_grad(ByIdentity(plan), batch, dict(variables),
                                      dict(activation_grads), step, mesh=mesh, axis=axis,
                                      stacked=stacked, options=options)
