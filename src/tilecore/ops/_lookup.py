@@ -105,8 +105,6 @@ def lookup(
     return sharded(stacks, tabs, count)
 
 
-
-
 @functools.partial(jax.jit, static_argnums=0,
                    static_argnames=("mesh", "axis", "stacked", "check_finite"))
 def _compiled_lookup(plan: ByIdentity[StackingPlan], batch: PreprocessedBatch,

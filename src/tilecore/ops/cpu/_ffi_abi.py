@@ -386,8 +386,6 @@ def _dim(buf, axis):
     return _load_i64(_load_i64(buf + _BUF_DIMS) + 8 * axis)
 
 
-
-
 @_njit
 def _destroy_error(api, error):
     """`api->XLA_FFI_Error_Destroy(error)`: an error this code got and will not return."""
@@ -427,4 +425,3 @@ def _schedule(api, ctx, task, data):
         _destroy_error(api, error)
         return False
     return True
-

@@ -3,7 +3,7 @@
 A handler checks every buffer XLA passes (dtype, rank), views each as a numpy array
 and calls the kernel inside a `try` (a numba exception escaping a cfunc would read as
 success). A split handler (`_ffi.FfiKernel`) instead runs the kernel in parts with the
-`_split_*` helpers of `_ffi_abi`: its generated module adds `run` (claim parts and call
+`_split_*` helpers of `_ffi_split`: its generated module adds `run` (claim parts and call
 the kernel until none is left) and `task` (the same, on one of XLA's threads, from the
 buffers' addresses and dimensions copied into the call's state). Names the source uses
 come from `_ffi`'s namespace.

@@ -143,7 +143,7 @@ def _module_source(rule: RuleSource, cached: bool, half: bool = False) -> str:
         + rule.source
         + _TEMPLATE.format(
             cache=cached, ins=ins, outs=outs, hypers=hypers, copies=copies,
-            prefetches="\n".join(f"                    _segments.prefetch_row({o}, base + upcoming)"
+            prefetches="\n".join(f"                    _vector.prefetch_row({o}, base + upcoming)"
                                   for o in outs.split(", ")),
             store=_HALF_STORE if half else _STORE,
             call=", ".join(["acc[d]", table, *(f"out_{s}[r, d]" for s in slots),

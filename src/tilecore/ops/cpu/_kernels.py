@@ -13,7 +13,6 @@ import numpy as np
 
 from ..._numba import njit
 from ...preprocessing._packed import run_bounds
-from ...preprocessing._pointers import prefetch
 from .._backend import FlatBuffers
 from .._layout import StackLayout
 from ._ffi import register_kernel
@@ -26,6 +25,7 @@ from ._vector import (
     add_scaled_from,
     copy_table,
     jit_inline,
+    prefetch_row,
     row_address,
 )
 
@@ -189,7 +189,7 @@ def _lookup_buffers(layout, which, row_pointers, embedding_ids, sample_ids, gain
                 end = bounds[s, p, 1]
                 for j in range(bounds[s, p, 0], end):
                     if far and j + PREFETCH_DISTANCE < end:
-                        prefetch(row_address(table, base + embedding_ids[j + PREFETCH_DISTANCE]))
+                        prefetch_row(table, base + embedding_ids[j + PREFETCH_DISTANCE])
                     o = s * samples + sample_ids[j]
                     if o < first or o >= stop or not entry_in_range(
                             embedding_ids[j], sample_ids[j], rows_per_shard, samples):

@@ -17,7 +17,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..._numba import njit
-from ...preprocessing._pointers import prefetch
 from ._kernels import entry_in_range
 from ._vector import add_scaled, row_address
 
@@ -37,14 +36,6 @@ def upcoming_row(cursors, stops, embedding_ids, rows_per_shard):
         if 0 <= row < rows_per_shard:
             return row
     return -1
-
-
-@_jit
-def prefetch_row(array, r):
-    """Ask for row `r` of a 2-D C-contiguous array to be brought into the cache."""
-    address = row_address(array, r)
-    for offset in range(0, array.shape[1] * array.itemsize, 64):
-        prefetch(address + offset)
 
 
 @_jit

@@ -22,6 +22,7 @@ from numba import types
 from numba.extending import intrinsic
 
 from ..._numba import njit
+from ...preprocessing._pointers import prefetch
 
 # Intrinsics are called without their typing context: to pyright, any callable.
 _intrinsic = cast(Callable[[Callable[..., Any]], Callable[..., Any]], intrinsic)
@@ -201,3 +202,12 @@ def copy_table(destination, source, part=0, parts=1, period=0):
 def row_address(array, r):
     """The address of row `r` of a 2-D C-contiguous array (or element `r` of a 1-D one)."""
     return array.ctypes.data + r * array.strides[0]
+
+
+@jit_inline
+def prefetch_row(array, r):
+    """Ask for row `r` of a 2-D C-contiguous array to be brought into the cache (every
+    cache line of it; a hint: an address outside the array never faults)."""
+    address = row_address(array, r)
+    for offset in range(0, array.shape[1] * array.itemsize, 64):
+        prefetch(address + offset)
