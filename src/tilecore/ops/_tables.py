@@ -97,28 +97,45 @@ def _plan_initializer(num_partitions: int, stacks: tuple[StackSignature, ...]
     """`key -> (table per stack)`, every stack in one compiled program (cached per layout).
 
     The key is split once per stack and each stack's key once per partition shard;
-    every table's initializer runs per shard key with shape `(rows, dim)` under
-    `lax.map` (vmapping threefry compiles several times slower on CPU), and the
+    every table's initializer runs per shard key with shape `(rows, dim)`, and the
     shards' rows (tables side by side) are laid out as `[N·R, dim]`. Initializers
     draw float32 values; a half-precision stack rounds them to nearest once.
+
+    Each `(table, shard)` block is written in place into the stack's buffer by a loop
+    over the shards, so the program holds the stacks plus one block's temporaries at a
+    time. Building each table whole and concatenating held a second copy of the table
+    on top of the initializer's own temporaries (measured on the `criteo26` tables
+    with a constant initializer: a peak of 1.85 times the tables' size, now 1.09). A loop rather
+    than a vmap: vmapping threefry compiles several times slower on CPU.
     """
 
+    def init_stack(key: jax.Array, signature: StackSignature) -> jax.Array:
+        dim, parts, dtype = signature
+        shard_keys = jax.random.split(key, num_partitions)
+        rows_per_shard = sum(rows for _, rows in parts)
+        table = jnp.zeros((num_partitions, rows_per_shard, dim), dtype)
+        offset = 0
+        for init, rows in parts:
+            table = jax.lax.fori_loop(
+                0, num_partitions,
+                functools.partial(_write_block, init, (rows, dim), offset, shard_keys), table)
+            offset += rows
+        return table.reshape(-1, dim)
+
     def init_all(key: jax.Array) -> tuple[jax.Array, ...]:
-        out = []
-        for stack_key, (dim, parts, dtype) in zip(jax.random.split(key, len(stacks)), stacks,
-                                                  strict=True):
-            shard_keys = jax.random.split(stack_key, num_partitions)
-            blocks = [jax.lax.map(functools.partial(_call, init, (rows, dim)), shard_keys)
-                      for init, rows in parts]
-            table = jnp.concatenate(blocks, axis=1)
-            out.append(table.reshape(-1, dim).astype(dtype))
-        return tuple(out)
+        keys = jax.random.split(key, len(stacks))
+        return tuple(init_stack(k, sig) for k, sig in zip(keys, stacks, strict=True))
 
     return jax.jit(init_all)
 
 
-def _call(init: Initializer, shape: tuple[int, int], key: jax.Array) -> jax.Array:
-    return jnp.asarray(init(key, shape, jnp.float32), jnp.float32)
+def _write_block(init: Initializer, shape: tuple[int, int], offset: int,
+                 shard_keys: jax.Array, shard: jax.Array, table: jax.Array) -> jax.Array:
+    """`table[shard, offset:offset + rows]` ← `init(shard_keys[shard], shape)`, rounded to
+    the table's dtype."""
+    block = jnp.asarray(init(shard_keys[shard], shape, jnp.float32), jnp.float32)
+    return jax.lax.dynamic_update_slice(table, block.astype(table.dtype)[None],
+                                        (shard, offset, 0))
 
 
 def init_tables(
