@@ -90,6 +90,7 @@ from ._ffi_abi import (  # noqa: F401  (generated handlers use these names)
     _buffer,
     _buffer_ok,
     _Buffers,
+    _call_task,
     _CallFrame,
     _can_report,
     _data,

@@ -235,6 +235,16 @@ def _call_api(typingctx, function, args):
 
 
 @intrinsic
+def _call_task(typingctx, function, state):
+    """`((void (*)(int64_t)) function)(state)`: a split call's task, run in this thread."""
+    def codegen(context, builder, sig, args):
+        fn = builder.inttoptr(args[0], ir.FunctionType(ir.VoidType(), [_I64]).as_pointer())
+        builder.call(fn, [args[1]])
+        return context.get_dummy_value()
+    return types.none(types.int64, types.int64), codegen
+
+
+@intrinsic
 def _atomic_add(typingctx, addr, value):
     """Add `value` to the int64 at `addr` atomically (sequentially consistent); the old value."""
     def codegen(context, builder, sig, args):

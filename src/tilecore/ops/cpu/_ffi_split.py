@@ -33,7 +33,8 @@ if "_ACTIVE_CELL" not in globals():  # a reload keeps the cell loaded handlers p
 
 _SPLIT_HEADER = 5
 """Words (int64) ahead of the buffers in a split call's `_malloc`ed state: references (the
-call and each task it scheduled: the last to let go frees it), the next unclaimed part,
+call, and each run of its task: the one it makes itself and the ones it scheduled; the
+last to let go frees it), the next unclaimed part,
 the number of parts, parts finished, parts failed. Each buffer's address and dimensions
 follow."""
 
@@ -48,7 +49,7 @@ def _split_begin(api, ctx, words):
     if state == 0:
         _atomic_add(active, -1)
         return 0, 0
-    _store_i64(state, parts)
+    _store_i64(state, parts + 1)
     _store_i64(state + 8, 0)
     _store_i64(state + 16, parts)
     _store_i64(state + 24, 0)
