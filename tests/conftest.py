@@ -10,6 +10,7 @@ import contextlib
 import fcntl
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -62,6 +63,14 @@ os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *(
 import jax
 import pytest
 from hypothesis import HealthCheck, settings
+
+# Bytecode is cached even where the environment says not to (PYTHONDONTWRITEBYTECODE):
+# the suite starts about a hundred Python processes (workers, examples, the README's
+# commands, multi-process jobs), and each compiled tilecore's sources again, and pytest
+# rewrote every test module again in each worker: 25 to 35 CPU-s of a cold run on
+# 2 cores. The caches go where Python keeps them (`__pycache__`, ignored by git).
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 settings.register_profile(
     "tilecore",
