@@ -18,10 +18,13 @@ from pathlib import Path
 # One JAX compilation cache for the session and the sessions after it, as numba's cache
 # is for the kernels: the xdist workers and the subprocesses the tests start inherit it
 # (JAX reads it on import), so a program compiled in one process, or in an earlier run, is
-# loaded, not compiled again (a second `make test` compiles about half as much). Entries
-# are keyed by the program, the compile options and the JAX version; the least recently
-# used go beyond 1 GiB. `jax.monitoring`'s compile event still fires on a load, so tests
-# that count compilations count loads too.
+# loaded, not compiled again. Only programs that took 0.2 s or more to compile are
+# written: serialising and writing each of the thousands of small ones cost more than
+# compiling them again (a cold run on 2 cores: 321-330 s with every program written,
+# 262-270 s so; a warm run took 167-181 s and takes 183-195 s). Entries are keyed by
+# the program, the compile options and the JAX version; the least recently used go
+# beyond 1 GiB. `jax.monitoring`'s compile event still fires on a load, so tests that
+# count compilations count loads too.
 # The cache sits beside tilecore's kernel cache (`$TILECORE_CACHE_DIR`, else
 # `~/.cache/tilecore`), or in a temporary directory where that cannot be written.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
@@ -34,7 +37,7 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
         _cache = tempfile.mkdtemp(prefix="tilecore-tests-jax-cache-")
         atexit.register(shutil.rmtree, _cache, ignore_errors=True)
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
     os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(1 << 30))
 
