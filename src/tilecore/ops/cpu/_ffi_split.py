@@ -34,9 +34,8 @@ if "_ACTIVE_CELL" not in globals():  # a reload keeps the cell loaded handlers p
 _SPLIT_HEADER = 5
 """Words (int64) ahead of the buffers in a split call's `_malloc`ed state: references (the
 call, and each run of its task: the one it makes itself and the ones it scheduled; the
-last to let go frees it), the next unclaimed part,
-the number of parts, parts finished, parts failed. Each buffer's address and dimensions
-follow."""
+last to let go frees it), the next unclaimed part, the number of parts, parts finished,
+parts failed. Each buffer's address and dimensions follow."""
 
 
 @_njit
