@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import tilecore as tc
+from _xla_flags import xla_flags
 from tilecore import ops
 from tilecore.stacking import memory_estimates
 
@@ -130,9 +133,6 @@ def test_auto_and_explicit_meshes_both_work() -> None:
     import textwrap
 
     code = textwrap.dedent("""
-        import os
-        os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=2"
-        os.environ["TILECORE_KERNELS"] = "xla"
         import jax, numpy as np, tilecore as tc
         from jax.sharding import Mesh
         from tilecore import ops
@@ -151,8 +151,9 @@ def test_auto_and_explicit_meshes_both_work() -> None:
         assert np.array_equal(results[0], results[1])
         print("ok")
     """)
+    env = dict(os.environ, XLA_FLAGS=xla_flags(2), TILECORE_KERNELS="xla")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=300, check=False)
+                         env=env, timeout=300, check=False)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 

@@ -104,9 +104,9 @@ def _plan_initializer(num_partitions: int, stacks: tuple[StackSignature, ...]
     Each `(table, shard)` block is written in place into the stack's buffer by a loop
     over the shards, so the program holds the stacks plus one block's temporaries at a
     time. Building each table whole and concatenating held a second copy of the table
-    on top of the initializer's own temporaries (measured on the `criteo26` tables
-    with a constant initializer: a peak of 1.85 times the tables' size, now 1.09). A loop rather
-    than a vmap: vmapping threefry compiles several times slower on CPU.
+    on top of the initializer's own temporaries (measured on the `criteo26` tables with
+    a constant initializer: a peak of 1.85 times the tables' size, now 1.09). A loop
+    rather than a vmap: vmapping threefry compiles several times slower on CPU.
     """
 
     def init_stack(key: jax.Array, signature: StackSignature) -> jax.Array:
