@@ -21,7 +21,7 @@ from pathlib import Path
 # loaded, not compiled again. Only programs that took 0.2 s or more to compile are
 # written: serialising and writing each of the thousands of small ones cost more than
 # compiling them again (a cold run on 2 cores: 321-330 s with every program written,
-# 262-270 s so; a warm run took 167-181 s and takes 183-195 s). Entries are keyed by
+# 262-270 s so; a warm run took 167-181 s and takes 183-197 s). Entries are keyed by
 # the program, the compile options and the JAX version; the least recently used go
 # beyond 1 GiB. `jax.monitoring`'s compile event still fires on a load, so tests that
 # count compilations count loads too.
