@@ -208,6 +208,44 @@ def test_a_split_kernel_runs_every_part_once_on_the_pools_threads() -> None:
         assert parts > 1  # XLA's pool has several threads: the tasks' path ran
 
 
+@pytest.mark.parametrize("split", [False, True])
+def test_a_variadic_kernel_writes_every_result_it_is_asked_for(split: bool) -> None:
+    import numba
+
+    from tilecore.ops.cpu._ffi_abi import _voidptr
+
+    @numba.njit
+    def fill(x: Any, count: Any, outputs: Any, part: int = 0, parts: int = 1) -> int:
+        count[0] = outputs.shape[0]
+        for k in range(outputs.shape[0]):
+            rows, width = outputs[k, 1], outputs[k, 2]
+            view = numba.carray(_voidptr(outputs[k, 0]), (rows, width), np.float32)
+            for r in range(rows * part // parts, rows * (part + 1) // parts):
+                for c in range(width):
+                    view[r, c] = x[0] + 100 * k + 10 * r + c
+        return 0
+
+    name = f"test_variadic_{'split' if split else 'serial'}"
+    kernel = _ffi.register_kernel(name, fill, [(np.float32, 1)],
+                                  [(np.int32, 1), (np.float32, 2)], split=split, variadic=True)
+    shapes = [(5, 3), (1, 7), (64, 2)]
+    for n in (1, 3):  # one handler serves any number of results
+        results = [jax.ShapeDtypeStruct((1,), jnp.int32),
+                   *(jax.ShapeDtypeStruct(shape, jnp.float32) for shape in shapes[:n])]
+        count, *outs = jax.jit(lambda x, results=results: kernel(x, results=results))(
+            jnp.ones(1))
+        assert int(count[0]) == n
+        for k, (out, (rows, width)) in enumerate(zip(outs, shapes, strict=False)):
+            expected = 1 + 100 * k + 10 * np.arange(rows)[:, None] + np.arange(width)
+            np.testing.assert_array_equal(np.asarray(out), expected.astype(np.float32))
+    with pytest.raises(TypeError, match="at least 2 results"):
+        kernel(jnp.ones(1), results=[jax.ShapeDtypeStruct((1,), jnp.int32)])
+    with pytest.raises(TypeError, match="result 2 must be float32 of rank 2"):
+        kernel(jnp.ones(1), results=[jax.ShapeDtypeStruct((1,), jnp.int32),
+                                     jax.ShapeDtypeStruct((2, 2), jnp.float32),
+                                     jax.ShapeDtypeStruct((2,), jnp.float32)])
+
+
 @pytest.mark.parametrize("failure", ["raises", "rejects"])
 def test_a_failing_part_of_a_split_kernel_becomes_an_xla_error(failure: str) -> None:
     import numba
@@ -230,40 +268,76 @@ def test_a_failing_part_of_a_split_kernel_becomes_an_xla_error(failure: str) -> 
         jax.block_until_ready(call(jnp.ones(1)))
 
 
+def _output_table(arrays: list[np.ndarray]) -> np.ndarray:
+    """What a variadic FFI kernel receives for `arrays`: address, rows, width of each."""
+    return np.array([(a.ctypes.data, *a.shape) for a in arrays], np.int64).reshape(-1, 3)
+
+
 @pytest.mark.parametrize("minibatching", [False, True])
 def test_lookup_parts_write_their_own_rows_and_add_up_to_the_whole(minibatching: bool) -> None:
     import tilecore as tc
+    from tilecore.ops._activations import feature_slices
     from tilecore.ops._layout import stack_layouts
     from tilecore.ops._per_device import flat_buffers
     from tilecore.ops.cpu import _kernels
 
     rng = np.random.default_rng(3)
-    tables = [tc.TableSpec(name=f"t{i}", vocab_size=v, embedding_dim=16, combiner=c)
-              for i, (v, c) in enumerate([(50, "sum"), (70000, "mean")])]
-    # 70,000 rows of 16 floats: a stack above PREFETCH_TABLE_BYTES, whose rows are prefetched.
+    tables = [tc.TableSpec(name=f"t{i}", vocab_size=v, embedding_dim=d, combiner=c)
+              for i, (v, d, c) in enumerate([(50, 16, "sum"), (70000, 16, "mean"),
+                                             (60, 12, "sum")])]
+    # 70,000 rows of 16 floats: a stack above PREFETCH_TABLE_BYTES, whose rows are prefetched;
+    # the table of width 12 stacks with the one of 50 rows (its activations are 12 wide).
     features = [tc.FeatureSpec(name=f"f{i}", table=t, input_shape=(40, 7))
                 for i, t in enumerate(tables)]
-    plan = tc.plan_stacking(features, tc.Topology(global_devices=1, sc_per_device=2))
+    plan = tc.stack_tables(features, tc.Topology(global_devices=1, sc_per_device=2),
+                           [["t0", "t2"]])
     if minibatching:
         plan = plan.with_config(enable_minibatching=True)
-    ids = {f.name: rng.integers(0, f.table.vocab_size, (40, 7)) for f in features}
+    ids: dict[str, Any] = {f.name: rng.integers(0, f.table.vocab_size, (40, 7))
+                           for f in features}
+    counts = rng.integers(0, 4, 40)
+    counts[::5] = 0  # samples with no IDs: their rows are zeros, written by nothing else
+    ids["f2"] = tc.Ragged(rng.integers(0, 60, int(counts.sum())),
+                          np.concatenate([[0], np.cumsum(counts)]))
     batch, _ = tc.preprocess(plan, ids)
     for name, layout in stack_layouts(plan).items():
         buffers = [np.asarray(x) for x in flat_buffers(batch.stacks[name])]
-        table = rng.standard_normal((layout.rows_per_device, 16)).astype(np.float32)
+        table = rng.standard_normal((layout.rows_per_device, layout.dim)).astype(np.float32)
         operands = (_kernels.layout_array(layout),
                     np.array([0, int(np.max(batch.num_minibatches))], np.int32), *buffers, table)
-        rows = layout.sc_per_device * layout.samples_per_sc
-        whole = np.full((rows, 16), np.nan, np.float32)
-        assert _kernels._lookup_buffers_kernel(*operands, whole, 0, 1) == 0
+        rows, s = layout.sc_per_device * layout.samples_per_sc, layout.sc_per_device
+        whole = np.full((rows, layout.dim), np.nan, np.float32)
+        block = np.array([[0, layout.samples_per_sc]], np.int32)
+        assert _kernels._lookup_buffers_kernel(*operands, block, _output_table([whole]), 0, 1) == 0
         assert np.isfinite(whole).all()
-        for parts in (2, 3, 7):
-            out = np.full((rows, 16), np.nan, np.float32)
+        slices = feature_slices(plan, name)
+        assert name != "t0_t2" or [w for *_, w in slices.values()] == [16, 12]
+        where = np.array([(first, count) for first, count, _ in slices.values()], np.int32)
+        blocks = whole.reshape(s, layout.samples_per_sc, layout.dim)
+        expected = [blocks[:, first:first + count, :width].reshape(-1, width)
+                    for first, count, width in slices.values()]
+        for parts in (1, 2, 3, 7):
+            out = np.full((rows, layout.dim), np.nan, np.float32)
+            features_out = [np.full(e.shape, np.nan, np.float32) for e in expected]
             for part in range(parts):
-                _kernels._lookup_buffers_kernel(*operands, out, part, parts)
+                _kernels._lookup_buffers_kernel(*operands, block, _output_table([out]), part,
+                                                parts)
                 done = rows * (part + 1) // parts  # rows past this part's: not yet written
                 np.testing.assert_array_equal(out[:done], whole[:done])
                 assert np.isnan(out[done:]).all()
+                assert _kernels._lookup_buffers_kernel(
+                    *operands, where, _output_table(features_out), part, parts) == 0
+            for got, want in zip(features_out, expected, strict=True):
+                np.testing.assert_array_equal(got, want)
+        if name == "t0_t2":  # f2's empty samples: zeros (not the NaN the outputs held)
+            assert (expected[1][::5] == 0).all()
+        # An output of the wrong size for its slice is refused, not written past; so are
+        # slices that overlap (two outputs for one row).
+        short = np.zeros((1, layout.dim), np.float32)
+        assert _kernels._lookup_buffers_kernel(*operands, block, _output_table([short]), 0, 1) == 1
+        twice = np.concatenate([block, block])
+        assert _kernels._lookup_buffers_kernel(*operands, twice, _output_table([out, out]), 0,
+                                               1) == 1
 
 
 def test_registration_happens_once_per_process() -> None:

@@ -136,7 +136,7 @@ def lookup_stacks(plan: StackingPlan, stacks: Mapping[str, StackBuffers],
     """One device's stacked activations `[S·samples_per_sc, dim]` for every stack."""
     layouts = ops.stack_layouts(plan)
     count = minibatch_count(num_minibatches)
-    return {name: lookup_stack(stacks[name], flat_table(tables[name]), layout, axis, count)  # pyright: ignore[reportArgumentType]
+    return {name: lookup_stack(stacks[name], flat_table(tables[name]), layout, axis, count)[0]  # pyright: ignore[reportArgumentType]
             for name, layout in layouts.items()}
 
 

@@ -2,10 +2,14 @@
 
 A device's stacked activations are `[S·samples_per_sc, dim]`: SparseCore-major,
 and inside each SparseCore's block the features follow in row-offset order. A
-feature's rows on a device are the concatenation of its slice in every block.
+feature's rows on a device are the concatenation of its slice in every block
+(its `ActivationSlice`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -14,23 +18,43 @@ from ..stacking import StackingPlan
 from ._layout import StackLayout
 
 
-def _slices(plan: StackingPlan, stack: str) -> list[tuple[str, int, int, int]]:
+class ActivationSlice(NamedTuple):
+    """Rows `first:first + samples` of every SparseCore's block, columns `:width`: one
+    feature's `[S·samples, width]` activations on a device (or, whole, the block itself)."""
+
+    first: int
+    samples: int
+    width: int
+
+
+def feature_slices(plan: StackingPlan, stack: str) -> dict[str, ActivationSlice]:
+    """Feature name → its slice of the stack's blocks, in row-offset order."""
     n = plan.num_partitions
-    out = []
-    for feature in plan.stack_features(stack):
-        first = plan.feature_settings[feature.name].row_offset // n
-        out.append((feature.name, first, feature.batch_size // n, feature.table.embedding_dim))
-    return out
+    return {
+        feature.name: ActivationSlice(plan.feature_settings[feature.name].row_offset // n,
+                                      feature.batch_size // n, feature.table.embedding_dim)
+        for feature in plan.stack_features(stack)
+    }
+
+
+def whole_block(layout: StackLayout) -> ActivationSlice:
+    """The slice that is the whole `[S·samples_per_sc, dim]` block."""
+    return ActivationSlice(0, layout.samples_per_sc, layout.dim)
+
+
+def take_slices(stacked: jax.Array, layout: StackLayout, slices: Sequence[ActivationSlice]
+                ) -> list[jax.Array]:
+    """Each slice's `[S·samples, width]` activations from a stack's block."""
+    blocks = stacked.reshape(layout.sc_per_device, layout.samples_per_sc, stacked.shape[-1])
+    return [blocks[:, first:first + count, :width].reshape(-1, width)
+            for first, count, width in slices]
 
 
 def unstack_activations(plan: StackingPlan, stack: str, stacked: jax.Array,
                         layout: StackLayout) -> dict[str, jax.Array]:
     """Per-feature `[rows on this device, dim]` activations from a stack's block."""
-    blocks = stacked.reshape(layout.sc_per_device, layout.samples_per_sc, layout.dim)
-    return {
-        name: blocks[:, first:first + count, :dim].reshape(-1, dim)
-        for name, first, count, dim in _slices(plan, stack)
-    }
+    slices = feature_slices(plan, stack)
+    return dict(zip(slices, take_slices(stacked, layout, list(slices.values())), strict=True))
 
 
 def stack_gradients(plan: StackingPlan, stack: str, grads: dict[str, jax.Array],
@@ -38,7 +62,7 @@ def stack_gradients(plan: StackingPlan, stack: str, grads: dict[str, jax.Array],
     """The inverse of `unstack_activations`: feature gradients into one stacked block."""
     s = layout.sc_per_device
     parts = []
-    for name, _, count, dim in _slices(plan, stack):
+    for name, (_, count, dim) in feature_slices(plan, stack).items():
         g = jnp.asarray(grads[name], jnp.float32)
         if g.shape != (s * count, dim):
             raise ValueError(

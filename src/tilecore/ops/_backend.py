@@ -55,8 +55,9 @@ class Wing:
       apply_update: `(variables, rows, sums, spec, step, clip, count, rounding) ->
         variables`, the optimizer on the listed rows (see `_sparse_update`; `rounding`
         is None but for half-precision tables).
-      lookup_local: `(flat, table, layout, num_minibatches) -> [S·samples, dim]`,
-        one device's activations straight from its own buffers (no mesh).
+      lookup_local: `(flat, table, layout, num_minibatches, slices) -> [[S·samples,
+        width], ...]`, one device's activations straight from its own buffers (no mesh),
+        of each `ActivationSlice` of its `[S·samples, dim]` block.
       update_local: `(flat, grads, variables, layout, spec, step, clip,
         num_minibatches, rounding) -> variables`, one device's update from its own
         buffers.
@@ -66,7 +67,7 @@ class Wing:
     pool: Callable[..., jax.Array]
     row_gradients: Callable[..., RowGradients]
     apply_update: Callable[..., Any]
-    lookup_local: Callable[..., jax.Array]
+    lookup_local: Callable[..., list[jax.Array]]
     update_local: Callable[..., Any]
 
 

@@ -22,9 +22,12 @@ def _raise_if_not_finite(finite: np.ndarray, *, stack: str, what: str) -> None:
         )
 
 
-def check_finite(x: jax.Array, *, stack: str, what: str) -> None:
-    """Raise (through the runtime) if `x` holds NaN or Inf, naming the stack."""
-    jax.debug.callback(_raise_if_not_finite, jnp.all(jnp.isfinite(x)), stack=stack, what=what)
+def check_finite(xs: jax.Array | Sequence[jax.Array], *, stack: str, what: str) -> None:
+    """Raise (through the runtime) if an array of `xs` holds NaN or Inf, naming the stack
+    (one host round trip for them all)."""
+    arrays = [xs] if isinstance(xs, jax.Array) else list(xs)
+    finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in arrays]))
+    jax.debug.callback(_raise_if_not_finite, finite, stack=stack, what=what)
 
 
 def quantize(rows: jax.Array, config: QuantizationConfig) -> jax.Array:

@@ -14,7 +14,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from ..preprocessing import PreprocessedBatch, StackBuffers
 from ..stacking import StackingPlan
 from . import _checks as checks
-from ._activations import unstack_activations
+from ._activations import feature_slices, whole_block
 from ._contract import check_call
 from ._eager import ByIdentity, should_jit
 from ._layout import stack_layouts
@@ -84,12 +84,13 @@ def lookup(
                    num_minibatches: jax.Array) -> dict[str, jax.Array]:
         out: dict[str, jax.Array] = {}
         for name, layout in layouts.items():
-            block = lookup_stack(buffers[name], tabs[name], layout, None if mesh is None else axis,
-                                 num_minibatches)
+            slices = {name: whole_block(layout)} if stacked else feature_slices(plan, name)
+            activations = lookup_stack(buffers[name], tabs[name], layout,
+                                       None if mesh is None else axis, num_minibatches,
+                                       list(slices.values()))
             if check_finite:
-                checks.check_finite(block, stack=name, what="activations")
-            out.update({name: block} if stacked else
-                       unstack_activations(plan, name, block, layout))
+                checks.check_finite(activations, stack=name, what="activations")
+            out.update(zip(slices, activations, strict=True))
         return out
 
     tabs = {name: _table_of(tables[name]) for name in layouts}

@@ -123,8 +123,8 @@ def lookup_grad(
                     options.rounding_seed,
                 )
                 if check_finite:
-                    for array in (new.table, *new.slots):
-                        checks.check_finite(array, stack=name, what="updated variables")
+                    checks.check_finite([new.table, *new.slots], stack=name,
+                                        what="updated variables")
                 return new
 
             return run

@@ -9,6 +9,7 @@ the optimizer (`Wing.row_gradients`, `Wing.apply_update`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -16,6 +17,7 @@ import jax.numpy as jnp
 
 from ..preprocessing import StackBuffers
 from ..specs import OptimizerSpec
+from ._activations import ActivationSlice, take_slices, whole_block
 from ._backend import FlatBuffers, Wing, lookup_wing, wing
 from ._contract import check_buffers, check_grads, check_table, check_table_dtype, check_variables
 from ._layout import StackLayout
@@ -82,24 +84,30 @@ def sources(entries: Entries) -> jax.Array:
 
 
 def lookup_stack(buffers: StackBuffers, table: jax.Array, layout: StackLayout,
-                 axis: str | None = None, num_minibatches: jax.Array | int = 1) -> jax.Array:
-    """One device's stacked activations `[S·samples_per_sc, dim]` (inside shard_map if G>1).
+                 axis: str | None = None, num_minibatches: jax.Array | int = 1,
+                 slices: Sequence[ActivationSlice] | None = None) -> list[jax.Array]:
+    """One device's activations of each slice of its `[S·samples_per_sc, dim]` block
+    (inside shard_map if G>1): the features' slices, or by default the whole block.
 
     Minibatched buffers are read one minibatch at a time on a mesh (a loop of
     `num_minibatches` passes with static shapes, one all-to-all each), accumulating
-    the activations; on one device in one pass, as the sum is the same.
+    the activations; on one device in one pass, as the sum is the same. On one device
+    the wing writes each slice's activations itself (the CPU wing's kernel writes them
+    where they go, with no block to copy them out of).
     """
     kernels = lookup_wing(layout)
+    slices = [whole_block(layout)] if slices is None else list(slices)
     flat = flat_buffers(buffers)
     check_buffers(flat, layout)
     check_table(table, layout)
     check_table_dtype(table, layout)
     count = minibatch_count(layout, num_minibatches)
     if layout.num_devices == 1:
-        return kernels.lookup_local(flat, table, layout, count)
+        return kernels.lookup_local(flat, table, layout, count, slices)
     assert axis is not None
     if not layout.minibatched:
-        return pool_entries(received_entries(flat, layout, axis), table, layout, axis, kernels)
+        block = pool_entries(received_entries(flat, layout, axis), table, layout, axis, kernels)
+        return take_slices(block, layout, slices)
 
     def body(minibatch: jax.Array, total: jax.Array) -> jax.Array:
         entries = received_minibatch(flat, layout, axis, minibatch, count)
@@ -107,7 +115,7 @@ def lookup_stack(buffers: StackBuffers, table: jax.Array, layout: StackLayout,
 
     zeros = jnp.zeros((layout.sc_per_device * layout.samples_per_sc, table.shape[1]),
                       jnp.float32)
-    return jax.lax.fori_loop(0, count, body, zeros)
+    return take_slices(jax.lax.fori_loop(0, count, body, zeros), layout, slices)
 
 
 def pool_entries(entries: Entries, table: jax.Array, layout: StackLayout, axis: str | None,

@@ -60,6 +60,7 @@ from ._ffi_abi import (  # noqa: F401  (generated handlers use these names)
     _API_ERROR_CREATE,
     _BUF_DATA,
     _BUF_SIZE,
+    _BUFS_N,
     _BUFS_SIZE,
     _CF_API,
     _CF_ARGS,
@@ -166,7 +167,7 @@ def _task_symbol(name: str) -> str:
 
 
 def _compiled_handler(name: str, kernel: Any, args: Signature, rets: Signature,
-                      split: bool = False) -> Any:
+                      split: bool = False, variadic: bool = False) -> Any:
     """The cfunc handler of `kernel`, compiled from a generated module numba can cache.
 
     The handler's source is generated per signature. Written to a file named by the
@@ -187,14 +188,14 @@ def _compiled_handler(name: str, kernel: Any, args: Signature, rets: Signature,
                   and getattr(sys.modules.get(py_func.__module__), py_func.__name__, None)
                   is kernel)
     if directory is None or not importable:
-        body = handler_source(name, args, rets, split, symbol, cache=False)
+        body = handler_source(name, args, rets, split, symbol, cache=False, variadic=variadic)
         scope = dict(globals(), _kernel=kernel)
         exec(compile(body, f"<tilecore ffi handler {name}>", "exec"), scope)
         if split:
             _TASK_CELLS[name].value = scope["task"].address
             _TASKS[name] = scope["task"]
         return numba.cfunc(types.int64(types.int64))(scope["handler"])
-    body = handler_source(name, args, rets, split, symbol)
+    body = handler_source(name, args, rets, split, symbol, variadic=variadic)
     header = (
         "import numba\nimport numpy as np\nfrom numba import types\n"
         "import tilecore.ops.cpu._ffi as _ffi\n"
@@ -235,39 +236,53 @@ class FfiKernel:
     (`XLA_FFI_ThreadPool_Schedule`), this thread taking parts too, so every part runs
     even if no other thread is ever free, and returns when all have finished. XLA runs
     the calls of one program one after another, so without this a kernel uses one core.
+
+    A `variadic` kernel's last result spec stands for one or more results of that dtype
+    and rank, as many as the call asks for: the kernel receives them as one int64 array
+    `[n, 1 + rank]` of each result's address and dimensions (rows of several outputs
+    written in one pass, say, where XLA would otherwise copy them out of one block).
     """
 
     def __init__(self, name: str, kernel: Callable[..., Any], args: Sequence[Spec],
-                 rets: Sequence[Spec], split: bool = False):
+                 rets: Sequence[Spec], split: bool = False, variadic: bool = False):
         self.name = name
         self.kernel = kernel
         self.split = split
+        self.variadic = variadic
         self.args = tuple((np.dtype(d), int(n)) for d, n in args)
         self.rets = tuple((np.dtype(d), int(n)) for d, n in rets)
         if any(n < 1 for _, n in self.args + self.rets):
             raise ValueError("FFI kernel operands and results must have rank >= 1")
+        if variadic and not self.rets:
+            raise ValueError("a variadic FFI kernel needs the spec of its variadic results")
 
     def ensure_registered(self) -> None:
         with _LOCK:
             known = _REGISTERED.get(self.name)
             if known is not None:
-                if known[0] != (self.args, self.rets):
+                if known[0] != (self.args, self.rets, self.variadic):
                     raise ValueError(f"FFI target {self.name!r} is already registered with "
                                      "different operand or result types")
                 return
             handler = _compiled_handler(self.name, self.kernel, self.args, self.rets,
-                                        self.split)
+                                        self.split, self.variadic)
             jax.devices("cpu")  # start the backend so a refused handler raises right here
             jax.ffi.register_ffi_target(self.name, jax.ffi.pycapsule(handler.address),
                                         platform="cpu")
             # XLA keeps the raw function pointer forever: so must we (the cfunc owns the code).
-            _REGISTERED[self.name] = ((self.args, self.rets), handler)
+            _REGISTERED[self.name] = ((self.args, self.rets, self.variadic), handler)
 
     def __call__(self, *operands: Any, results: Sequence[jax.ShapeDtypeStruct],
                  input_output_aliases: dict[int, int] | None = None) -> Any:
         """Call the kernel (inside or outside `jax.jit`); returns a list of result arrays."""
+        rets = self.rets
+        if self.variadic:  # the last spec, once per result from there on
+            if len(results) < len(rets):
+                raise TypeError(f"{self.name} takes at least {len(rets)} results, "
+                                f"got {len(results)}")
+            rets = rets + rets[-1:] * (len(results) - len(rets))
         for label, values, specs in (("operand", operands, self.args),
-                                     ("result", results, self.rets)):
+                                     ("result", results, rets)):
             if len(values) != len(specs):
                 raise TypeError(f"{self.name} takes {len(specs)} {label}s, got {len(values)}")
             for i, (value, (dtype, ndim)) in enumerate(zip(values, specs, strict=True)):
@@ -292,10 +307,12 @@ _TASKS: dict[str, Any] = globals().get("_TASKS", {})
 
 
 def register_kernel(name: str, kernel: Callable[..., Any], args: Sequence[Spec],
-                    rets: Sequence[Spec], split: bool = False) -> FfiKernel:
+                    rets: Sequence[Spec], split: bool = False, variadic: bool = False
+                    ) -> FfiKernel:
     """Declare `kernel` as typed-FFI target `name` (compiled and registered on first call);
-    `split`: run in parts on XLA's threads (see `FfiKernel`)."""
-    return FfiKernel(name, kernel, args, rets, split)
+    `split`: run in parts on XLA's threads; `variadic`: its last result repeats (see
+    `FfiKernel`)."""
+    return FfiKernel(name, kernel, args, rets, split, variadic)
 
 
 # --------------------------------------------------------------------------------------

@@ -336,8 +336,9 @@ def _can_report(frame):
 
 
 @_njit
-def _prologue(frame, nargs, nrets):
-    """Answer the metadata query / skip other stages / check the frame before execution."""
+def _prologue(frame, nargs, nrets, exact):
+    """Answer the metadata query / skip other stages / check the frame before execution:
+    `nargs` operands and `nrets` results (at least `nrets` unless `exact`)."""
     # struct_size smaller than our mirror: an older XLA. On the metadata query this leaves
     # the version unset (0.0), so XLA refuses the registration instead of calling us later.
     if _load_i64(frame) < _CF_SIZE:
@@ -364,7 +365,8 @@ def _prologue(frame, nargs, nrets):
         return 0
     if (_load_i64(frame + _CF_ARGS) < _BUFS_SIZE or _load_i64(frame + _CF_RETS) < _BUFS_SIZE
             or _load_i64(frame + _CF_ARGS + _BUFS_N) != nargs
-            or _load_i64(frame + _CF_RETS + _BUFS_N) != nrets):
+            or _load_i64(frame + _CF_RETS + _BUFS_N) < nrets
+            or (exact and _load_i64(frame + _CF_RETS + _BUFS_N) != nrets)):
         return _make_error(api, _ERR_INVALID_ARGUMENT,
                            "tilecore FFI: wrong number of operands or results")
     return _RUN

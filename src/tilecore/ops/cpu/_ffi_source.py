@@ -32,22 +32,72 @@ Signature = Sequence[tuple[np.dtype, int]]  # (dtype, rank) of each operand or r
 
 
 def handler_source(name: str, args: Signature, rets: Signature, split: bool = False,
-                   task_symbol: str = "", cache: bool = True) -> str:
+                   task_symbol: str = "", cache: bool = True, variadic: bool = False) -> str:
     """The module source defining `handler` for kernel `name` (checks and views unrolled);
     a `split` one also defines `task`, the handler reading the task's address from the
-    process symbol `task_symbol` (compiled with numba's cache if `cache`)."""
+    process symbol `task_symbol` (compiled with numba's cache if `cache`). `variadic`: the
+    last result spec stands for one or more results, which the kernel receives as one
+    int64 table `[n, 1 + rank]` of each one's address and dimensions."""
+    fixed = list(rets[:-1]) if variadic else list(rets)
     head = ["def handler(frame):",
-            f"    status = _prologue(frame, {len(args)}, {len(rets)})",
+            f"    status = _prologue(frame, {len(args)}, {len(fixed) + variadic}, {not variadic})",
             "    if status != _RUN:",
             "        return status",
             "    api = _load_i64(frame + _CF_API)"]
-    checks, views, names, stores, task_views = _buffers(name, args, rets)
+    checks, views, names, stores, task_views = _buffers(name, args, fixed)
+    if variadic:
+        checks += _variadic_checks(name, len(fixed), rets[-1])
+        names.append("vt")
     every = ", ".join(names)
     if not split:
-        return "\n".join(head + checks + views + _serial_call(name, every))
-    words = _SPLIT_HEADER + len(stores)
+        tail = _variadic_table(len(fixed), rets[-1][1]) if variadic else []
+        return "\n".join(head + checks + views + tail + _serial_call(name, every))
+    words: int | str = _SPLIT_HEADER + len(stores)
+    more: list[str] = []
+    if variadic:
+        word, width = _SPLIT_HEADER + len(stores), 1 + rets[-1][1]
+        more = _variadic_stores(word, len(fixed), rets[-1][1])
+        words = f"{word + 1} + {width} * nvar"
+        task_views.append(f"    vt = numba.carray(_voidptr(state + {8 * (word + 1)}), "
+                          f"(_load_i64(state + {8 * word}), {width}), np.int64)")
     return "\n".join(_task(every, task_views, cache) + head + checks
-                     + _split_call(name, stores, words, task_symbol))
+                     + _split_call(name, stores, words, task_symbol, more))
+
+
+def _variadic_checks(name: str, first: int, spec: tuple[np.dtype, int]) -> list[str]:
+    """Count the variadic results (`nvar`, from result `first` on) and check each."""
+    dtype, ndim = spec
+    message = f"{name}: result {first} and every one after it must be a {dtype.name} array " \
+              f"of rank {ndim}"
+    return [f"    nvar = _load_i64(frame + _CF_RETS + _BUFS_N) - {first}",
+            "    for i in range(nvar):",
+            f"        if not _buffer_ok(_buffer(frame, _CF_RETS, {first} + i), "
+            f"{_DTYPE_CODES[dtype]}, {ndim}):",
+            f"            return _make_error(api, {_ERR_INVALID_ARGUMENT}, {message!r})"]
+
+
+def _variadic_table(first: int, ndim: int) -> list[str]:
+    """The serial handler's table `vt` of the variadic results (address, then dimensions)."""
+    return [f"    vt = np.empty((nvar, {1 + ndim}), np.int64)",
+            "    for i in range(nvar):",
+            f"        b = _buffer(frame, _CF_RETS, {first} + i)",
+            "        vt[i, 0] = _load_i64(b + _BUF_DATA)",
+            f"        for axis in range({ndim}):",
+            "            vt[i, 1 + axis] = _dim(b, axis)"]
+
+
+def _variadic_stores(word: int, first: int, ndim: int) -> list[str]:
+    """A split handler's statements storing the variadic count at state word `word` and each
+    result's address and dimensions after it."""
+    width = 1 + ndim
+    return [f"    _store_i64(state + {8 * word}, nvar)",
+            "    for i in range(nvar):",
+            f"        b = _buffer(frame, _CF_RETS, {first} + i)",
+            f"        _store_i64(state + {8 * (word + 1)} + {8 * width} * i, "
+            "_load_i64(b + _BUF_DATA))",
+            f"        for axis in range({ndim}):",
+            f"            _store_i64(state + {8 * (word + 2)} + {8 * width} * i + 8 * axis, "
+            "_dim(b, axis))"]
 
 
 def _buffers(name: str, args: Signature, rets: Signature
@@ -93,7 +143,8 @@ def _serial_call(name: str, every: str) -> list[str]:
             "    return 0"]
 
 
-def _split_call(name: str, stores: list[str], words: int, task_symbol: str) -> list[str]:
+def _split_call(name: str, stores: list[str], words: int | str, task_symbol: str,
+                more: Sequence[str] = ()) -> list[str]:
     return ["    ctx = _load_i64(frame + _CF_CTX)",
             f"    state, parts = _split_begin(api, ctx, {words})",
             "    if state == 0:",
@@ -101,6 +152,7 @@ def _split_call(name: str, stores: list[str], words: int, task_symbol: str) -> l
             f"{name + ': no memory for the state of a split call'!r})",
             *(f"    _store_i64(state + {8 * (_SPLIT_HEADER + k)}, {value})"
               for k, value in enumerate(stores)),
+            *more,
             f"    task = _load_symbol({task_symbol!r})",
             "    _split_schedule(api, ctx, task, state, parts)",
             "    _call_task(task, state)",

@@ -7,12 +7,15 @@ ops call them (this wing) or the pure-XLA wing.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ..._numba import njit
 from ...preprocessing._packed import run_bounds
+from .._activations import ActivationSlice
 from .._backend import FlatBuffers
 from .._layout import StackLayout
 from ._ffi import register_kernel
@@ -27,6 +30,7 @@ from ._vector import (
     jit_inline,
     prefetch_row,
     row_address,
+    zero_bytes,
 )
 
 _jit = njit(nogil=True, cache=True, error_model="numpy", boundscheck=False)
@@ -141,44 +145,85 @@ def entry_in_range(embedding_id, sample_id, rows_per_shard, samples):
 
 @_jit
 def _lookup_buffers_kernel(layout, which, row_pointers, embedding_ids, sample_ids, gains, table,
-                           out, part, parts):
+                           slices, outputs, part, parts):
     """One device's pooled activations straight from its packed buffers, summed over the
     `which[1]` minibatches of minibatched buffers (a plain layout has one pass)."""
     return _lookup_buffers(layout, which, row_pointers, embedding_ids, sample_ids, gains, table,
-                           out, FLOAT32, part, parts)
+                           slices, outputs, FLOAT32, part, parts)
 
 
 @_jit
 def _lookup_buffers_bf16(layout, which, row_pointers, embedding_ids, sample_ids, gains, table,
-                         out, part, parts):
+                         slices, outputs, part, parts):
     """`_lookup_buffers_kernel` of a bfloat16 table (its uint16 bits)."""
     return _lookup_buffers(layout, which, row_pointers, embedding_ids, sample_ids, gains, table,
-                           out, BFLOAT16, part, parts)
+                           slices, outputs, BFLOAT16, part, parts)
 
 
 @_jit
 def _lookup_buffers_f16(layout, which, row_pointers, embedding_ids, sample_ids, gains, table,
-                        out, part, parts):
+                        slices, outputs, part, parts):
     """`_lookup_buffers_kernel` of a float16 table (its uint16 bits)."""
     return _lookup_buffers(layout, which, row_pointers, embedding_ids, sample_ids, gains, table,
-                           out, FLOAT16, part, parts)
+                           slices, outputs, FLOAT16, part, parts)
 
 
 @_jit
-def _lookup_buffers(layout, which, row_pointers, embedding_ids, sample_ids, gains, table, out,
-                    source_format, part, parts):
-    """Part `part` of `parts` of the activations: output rows `[n·part/parts, n·(part+1)/parts)`
-    of the `n`, zeroed and then summed from the entries that pool into them (each part reads
-    every entry's output row, a fraction of a row's work, and no part writes another's).
-    The rows of a table too large for the caches are prefetched a few entries ahead."""
+def _slice_table(layout, slices, outputs, dim, first, stop):
+    """Where the rows of the `[S·samples, dim]` block go, and the rows `[first, stop)` of
+    it zeroed there: per sample of a SparseCore's block the slice that takes it (−1 for
+    none; `slices[k]`: its first sample and number of samples in each block), and per
+    slice the address of its sample 0 in SparseCore 0 (before its output's first row), the
+    bytes from one SparseCore's rows to the next's and from one row to the next, and its
+    width (`outputs[k]`: address, rows, width). None if an output does not fit its slice
+    or two slices overlap."""
+    sc, samples = layout[1], layout[4]
+    owner = np.full(samples, -1, np.int32)
+    where = np.empty((slices.shape[0], 4), np.int64)
+    for k in range(slices.shape[0]):
+        start, count = slices[k, 0], slices[k, 1]
+        address, width = outputs[k, 0], outputs[k, 2]
+        if (start < 0 or count < 0 or start + count > samples or outputs[k, 1] != sc * count
+                or width < 0 or width > dim):
+            return None
+        for i in range(start, start + count):
+            if owner[i] >= 0:
+                return None
+            owner[i] = k
+        where[k, 0] = address - start * width * 4
+        where[k, 1], where[k, 2], where[k, 3] = count * width * 4, width * 4, width
+        for s in range(sc):  # this part's rows of the slice in each block: one run of bytes
+            low = max(first - s * samples - start, 0)
+            high = min(stop - s * samples - start, count)
+            if low < high:
+                zero_bytes(address + (s * count + low) * width * 4, (high - low) * width * 4)
+    return owner, where
+
+
+@_jit
+def _lookup_buffers(layout, which, row_pointers, embedding_ids, sample_ids, gains, table,
+                    slices, outputs, source_format, part, parts):
+    """Part `part` of `parts` of the activations: stacked rows `[n·part/parts,
+    n·(part+1)/parts)` of the `n` of the block, zeroed and then summed from the entries that
+    pool into them, each straight into its row of its slice's output (`_slice_table`: each
+    part reads every entry's row, a fraction of a row's work, and no part writes
+    another's). The rows of a table too large for the caches are prefetched a few entries
+    ahead."""
     rows_per_shard, samples = layout[3], layout[4]
     dim = table.shape[1]
     far = table.shape[0] * table.strides[0] > PREFETCH_TABLE_BYTES
-    first = out.shape[0] * part // parts
-    stop = out.shape[0] * (part + 1) // parts
-    for o in range(first, stop):
-        for d in range(dim):
-            out[o, d] = 0.0
+    n = layout[1] * samples
+    first = n * part // parts
+    stop = n * (part + 1) // parts
+    if slices.shape[0] != outputs.shape[0]:
+        return 1
+    found = _slice_table(layout, slices, outputs, dim, first, stop)
+    if found is None:
+        return 1
+    owner, where = found
+    # The slice of the last entry, and where its rows go: the next entry's too while its
+    # sample is in that slice's range (runs of one table's rows, one feature's samples).
+    low, high, address, block, stride, width = 0, 0, 0, 0, 0, 0
     passes = max(which[1], 1) if layout[5] else 1
     for minibatch in range(passes):
         bounds = run_bounds(layout, np.array([minibatch, passes], np.int32), row_pointers,
@@ -190,13 +235,21 @@ def _lookup_buffers(layout, which, row_pointers, embedding_ids, sample_ids, gain
                 for j in range(bounds[s, p, 0], end):
                     if far and j + PREFETCH_DISTANCE < end:
                         prefetch_row(table, base + embedding_ids[j + PREFETCH_DISTANCE])
-                    o = s * samples + sample_ids[j]
+                    sample = sample_ids[j]
+                    o = s * samples + sample
                     if o < first or o >= stop or not entry_in_range(
-                            embedding_ids[j], sample_ids[j], rows_per_shard, samples):
+                            embedding_ids[j], sample, rows_per_shard, samples):
                         continue
-                    add_scaled_from(row_address(out, o),
-                                    row_address(table, base + embedding_ids[j]), gains[j], dim,
-                                    source_format)
+                    if sample < low or sample >= high:
+                        k = owner[sample]
+                        if k < 0:
+                            continue
+                        low, high = slices[k, 0], slices[k, 0] + slices[k, 1]
+                        address, block, stride, width = where[k, 0], where[k, 1], where[k, 2], \
+                            where[k, 3]
+                    add_scaled_from(address + s * block + sample * stride,
+                                    row_address(table, base + embedding_ids[j]), gains[j],
+                                    width, source_format)
     return 0
 
 
@@ -242,9 +295,11 @@ _LOOKUP_KERNELS = {FLOAT32: _lookup_buffers_kernel, BFLOAT16: _lookup_buffers_bf
                    FLOAT16: _lookup_buffers_f16}
 LOOKUP_BUFFERS = {t: register_kernel(
     f"tilecore_lookup_buffers{suffix}", _LOOKUP_KERNELS[source_format],
-    args=[(_i32, 1), (_i32, 1), (_i32, 1), (_i32, 1), (_i32, 1), (_f32, 1), (t, 2)],
-    rets=[(_f32, 2)], split=True) for t, (suffix, source_format) in TABLE_FORMATS.items()}
-"""Table dtype → the lookup kernel of its rows (float32, bfloat16, float16)."""
+    args=[(_i32, 1), (_i32, 1), (_i32, 1), (_i32, 1), (_i32, 1), (_f32, 1), (t, 2), (_i32, 2)],
+    rets=[(_f32, 2)], split=True, variadic=True)
+    for t, (suffix, source_format) in TABLE_FORMATS.items()}
+"""Table dtype → the lookup kernel of its rows (float32, bfloat16, float16): one result per
+slice of the block it is asked for."""
 ROW_GRADIENTS_BUFFERS = register_kernel(
     "tilecore_row_gradients_buffers", _row_gradients_buffers_kernel,
     args=[(_i32, 1), (_i32, 1), (_i32, 1), (_i32, 1), (_i32, 1), (_f32, 1), (_f32, 2)],
@@ -303,13 +358,16 @@ def buffer_capacity(layout: StackLayout, buffer_size: int) -> int:
 
 
 def lookup_buffers(flat: FlatBuffers, table: jax.Array, layout: StackLayout,
-                   num_minibatches: jax.Array | int = 1) -> jax.Array:
-    """A single device's stacked activations, read straight from its packed buffers
-    (summed over every minibatch of minibatched ones)."""
-    out = jax.ShapeDtypeStruct((layout.sc_per_device * layout.samples_per_sc, table.shape[1]),
-                               np.float32)
+                   num_minibatches: jax.Array | int, slices: Sequence[ActivationSlice]
+                   ) -> list[jax.Array]:
+    """A single device's activations of each slice of its stacked block, read straight
+    from its packed buffers (summed over every minibatch of minibatched ones) and written
+    where each slice's `[S·samples, width]` result lies."""
+    results = [jax.ShapeDtypeStruct((layout.sc_per_device * count, width), np.float32)
+               for _, count, width in slices]
+    where = np.array([(first, count) for first, count, _ in slices], np.int32).reshape(-1, 2)
     return LOOKUP_BUFFERS[np.dtype(table.dtype)](layout_array(layout), passes(num_minibatches),
-                                                 *flat, table, results=[out])[0]
+                                                 *flat, table, where, results=results)
 
 
 def row_gradients_buffers(flat: FlatBuffers, grads: jax.Array, layout: StackLayout,

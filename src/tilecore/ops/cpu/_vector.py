@@ -19,6 +19,7 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ..._numba import njit
@@ -196,6 +197,18 @@ def copy_table(destination, source, part=0, parts=1, period=0):
                                                           rows)):
             for d in range(width):
                 destination[r, d] = source[r, d]
+
+
+@_intrinsic
+def zero_bytes(typingctx, destination, size):
+    """`memset(dst, 0, size)` at an integer address (LLVM's memset: the C library's at
+    large sizes)."""
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        pointer = builder.inttoptr(args[0], ir.IntType(8).as_pointer())
+        cgutils.memset(builder, pointer, args[1], 0)
+        return context.get_dummy_value()
+
+    return types.none(types.int64, types.int64), codegen
 
 
 @jit_inline

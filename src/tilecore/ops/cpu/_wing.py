@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from ...specs import OptimizerSpec
+from .._activations import ActivationSlice
 from .._backend import FlatBuffers, RowGradients, Wing
 from .._layout import StackLayout
 from .._rounding import Rounding
@@ -70,8 +72,9 @@ def apply_update(variables: EmbeddingVariables, rows: jax.Array, sums: jax.Array
 
 
 def _lookup_local(flat: FlatBuffers, table: jax.Array, layout: StackLayout,
-                  num_minibatches: jax.Array) -> jax.Array:
-    return lookup_buffers(flat, table, layout, num_minibatches)
+                  num_minibatches: jax.Array, slices: Sequence[ActivationSlice]
+                  ) -> list[jax.Array]:
+    return lookup_buffers(flat, table, layout, num_minibatches, slices)
 
 
 def _update_local(flat: FlatBuffers, grads: jax.Array, variables: EmbeddingVariables,

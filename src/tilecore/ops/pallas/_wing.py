@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 import jax
 
+from .._activations import ActivationSlice, take_slices
 from .._backend import FlatBuffers, Wing
 from .._layout import StackLayout
 from .._variables import EmbeddingVariables
@@ -23,8 +25,10 @@ def pallas_wing(interpret: bool) -> Wing:
     (slow: for tests). The optimizer is applied by XLA."""
 
     def lookup_local(flat: FlatBuffers, table: jax.Array, layout: StackLayout,
-                     num_minibatches: jax.Array) -> jax.Array:
-        return pooled_locally(kernels, flat, table, layout, num_minibatches)
+                     num_minibatches: jax.Array, slices: Sequence[ActivationSlice]
+                     ) -> list[jax.Array]:
+        return take_slices(pooled_locally(kernels, flat, table, layout, num_minibatches),
+                           layout, slices)
 
     def update_local(*args: Any) -> EmbeddingVariables:
         return updated_locally(kernels, *args)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from ...specs import OptimizerSpec
+from .._activations import ActivationSlice, take_slices
 from .._backend import FlatBuffers, RowGradients, Wing
 from .._checks import quantize
 from .._layout import StackLayout
@@ -70,9 +72,11 @@ def _apply_update(variables: EmbeddingVariables, rows: jax.Array, sums: jax.Arra
 
 
 def lookup_local(flat: FlatBuffers, table: jax.Array, layout: StackLayout,
-                 num_minibatches: jax.Array) -> jax.Array:
-    """One device's activations (see `pooled_locally`)."""
-    return pooled_locally(WING, flat, table, layout, num_minibatches)
+                 num_minibatches: jax.Array, slices: Sequence[ActivationSlice]
+                 ) -> list[jax.Array]:
+    """One device's activations of each slice (see `pooled_locally`)."""
+    return take_slices(pooled_locally(WING, flat, table, layout, num_minibatches), layout,
+                       slices)
 
 
 def pooled_locally(kernels: Wing, flat: FlatBuffers, table: jax.Array, layout: StackLayout,
