@@ -20,6 +20,7 @@ from ._lookup_grad import lookup_grad as lookup_grad
 from ._tables import init_tables as init_tables
 from ._tables import shard as shard
 from ._tables import unshard as unshard
+from ._tables import use_huge_pages as use_huge_pages
 from ._variables import EmbeddingVariables as EmbeddingVariables
 
 __all__ = [
@@ -42,4 +43,5 @@ __all__ = [
     "training_update",
     "unshard",
     "unstack_activations",
+    "use_huge_pages",
 ]

@@ -175,3 +175,20 @@ def init_tables(
         out[name] = EmbeddingVariables(table, slots)
     # device_put does not constrain a traced result (init under jit): pin the rows too.
     return place_rows(out, mesh, axis)
+
+
+def use_huge_pages(*trees: object) -> int:
+    """Move the tables (any arrays) in `trees` onto transparent huge pages where they sit in
+    CPU memory; the bytes moved.
+
+    Lookups and updates read rows at random; a table on 4 KiB pages misses the TLB on
+    almost every row, on 2 MiB pages it rarely does (criteo26 on 2 AMD EPYC cores: the
+    forward 20% and the step 10–20% faster). Call it once the tables exist: the pages
+    are moved now, at about 2.5 s per GB, and stay huge while the buffers live (the
+    training step donates the tables and the CPU kernels update them in place). Does
+    nothing (returns 0) for arrays on other devices, off Linux, or where the kernel's
+    transparent huge pages are off or older than Linux 6.1.
+    """
+    from .cpu._huge_pages import collapse_to_huge_pages
+
+    return collapse_to_huge_pages(*trees)

@@ -60,8 +60,11 @@ def check_peer(python: Path, optimizer: str, weights_dtype: str = "float32") -> 
 
 def run_peer(python: Path, features: Sequence[tc.FeatureSpec],
              batches: Sequence[Mapping[str, tc.Ragged]], optimizer: tc.OptimizerSpec,
-             optimizer_name: str, timing: Mapping[str, int], seed: int) -> dict[str, Any]:
-    """FBGEMM's forward and step timings (and peak memory) on `batches`."""
+             optimizer_name: str, timing: Mapping[str, int], seed: int,
+             huge_pages: bool = False) -> dict[str, Any]:
+    """FBGEMM's forward and step timings (and peak memory) on `batches`; `huge_pages`: torch
+    allocates its large arrays (the tables) on transparent huge pages, as tilecore's are
+    (`THP_MEM_ALLOC_ENABLE`, read by torch's CPU allocator)."""
     learning_rate = getattr(optimizer, "learning_rate", 0.01)
     meta = {
         "features": [{"name": f.name, "table": f.table.name, "vocab": f.table.vocab_size,
@@ -84,8 +87,9 @@ def run_peer(python: Path, features: Sequence[tc.FeatureSpec],
     with tempfile.TemporaryDirectory(prefix="tilecore-peer-") as tmp:
         inputs, output = Path(tmp) / "batches.npz", Path(tmp) / "result.json"
         np.savez(inputs, **arrays)  # pyright: ignore[reportArgumentType]
+        env = dict(os.environ, **({"THP_MEM_ALLOC_ENABLE": "1"} if huge_pages else {}))
         done = subprocess.run([str(python), str(_SCRIPT), str(inputs), str(output)],
-                              capture_output=True, text=True, check=False)
+                              capture_output=True, text=True, check=False, env=env)
         if done.returncode != 0:
             tail = "\n".join(done.stderr.strip().splitlines()[-5:])
             raise RuntimeError(f"bench step: the FBGEMM peer failed (exit {done.returncode}):\n"

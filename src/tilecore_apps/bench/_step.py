@@ -8,7 +8,7 @@ import resource
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -77,6 +77,11 @@ def add_parser(kinds: Any) -> None:
                         "updated rows with stochastic rounding. The naive step keeps float32 "
                         "tables")
     p.add_argument("--no-naive", action="store_true", help="skip the naive step")
+    p.add_argument("--no-huge-pages", action="store_true",
+                   help="keep the tables on the 4 KiB pages XLA allocated them on (default: "
+                        "move them onto transparent huge pages with tilecore.ops.use_huge_pages, "
+                        "and run FBGEMM with THP_MEM_ALLOC_ENABLE=1 so that its tables are on "
+                        "them too)")
     p.add_argument("--peer-python", type=Path, default=None, metavar="PYTHON",
                    help="also time FBGEMM's table-batched embeddings (forward, and the step "
                         "with the same optimizer fused: sgd or adagrad; float32 or float16 "
@@ -107,6 +112,8 @@ def _argv(args: argparse.Namespace) -> list[str]:
             argv += [flag, str(value)]
     if args.minibatching:
         argv.append("--minibatching")
+    if args.no_huge_pages:
+        argv.append("--no-huge-pages")
     return [*argv, "--no-naive"] if args.no_naive else argv
 
 
@@ -174,10 +181,12 @@ def run(args: argparse.Namespace) -> int:
     mesh = make_mesh(args.devices, DEFAULT_AXIS)
     weights = projections(features, args.seed)
     timing = {"warmup": args.warmup, "repeats": args.repeats}
-    forward_s, step_s, setup_peak_mb, step_peak_mb = _time_fused(
-        plan, [b for b, _ in prepped], mesh, weights, args.seed, timing)
-    peak_mb = max(setup_peak_mb, step_peak_mb)  # before any child process
-    peer = _peer(args, features, raw, optimizer, timing, workload.batch_size, forward_s, step_s)
+    times = _time_fused(plan, [b for b, _ in prepped], mesh, weights, args.seed, timing,
+                        huge_pages=not args.no_huge_pages)
+    forward_s, step_s = times.forward_s, times.step_s
+    peak_mb = max(times.setup_peak_mb, times.step_peak_mb)  # before any child process
+    peer = _peer(args, features, raw, optimizer, timing, workload.batch_size, forward_s, step_s,
+                 huge_pages=times.huge_page_bytes > 0)
     naive: dict[str, Any] = {}
     if not args.no_naive:
         from ._naive import time_naive
@@ -188,7 +197,8 @@ def run(args: argparse.Namespace) -> int:
     result = _result(args, workload.batch_size, len(plan.stacks), forward_s, step_s, naive)
     result.update(minibatching=args.minibatching,
                   num_minibatches=[int(np.max(b.num_minibatches)) for b, _ in prepped])
-    result.update(peak_rss_mb=peak_mb, step_peak_rss_mb=step_peak_mb, **peer)
+    result.update(peak_rss_mb=peak_mb, step_peak_rss_mb=times.step_peak_mb,
+                  huge_pages_gb=times.huge_page_bytes / 1e9, **peer)
     result.update(ids_per_batch=ids, forward_ids_per_s=ids / forward_s, ids_per_s=ids / step_s,
                   dropped_ids=sum(stats.dropped_ids for _, stats in prepped),
                   preprocess_threads=threads, **timing)
@@ -202,8 +212,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _peer(args: argparse.Namespace, features: list[tc.FeatureSpec],
           raw: list[dict[str, tc.Ragged]], optimizer: tc.OptimizerSpec,
-          timing: Mapping[str, int], batch_size: int, forward_s: float, step_s: float
-          ) -> dict[str, Any]:
+          timing: Mapping[str, int], batch_size: int, forward_s: float, step_s: float,
+          huge_pages: bool) -> dict[str, Any]:
     """The forward's and the update's bytes/s against the copy bandwidth where the tables
     live (the update's time is the step's less the forward's); with --peer-python,
     FBGEMM's times on the same batches and the ratios (FBGEMM's time / tilecore's: > 1
@@ -222,7 +232,7 @@ def _peer(args: argparse.Namespace, features: list[tc.FeatureSpec],
     if args.peer_python is None:
         return out
     peer = run_peer(args.peer_python, features, raw, optimizer, args.optimizer, timing,
-                    args.seed)
+                    args.seed, huge_pages)
     out.update(peer_forward_ms=peer["forward_s"] * 1e3, peer_step_ms=peer["step_s"] * 1e3,
                peer_threads=peer["threads"], peer_peak_rss_mb=peer["peak_rss_mb"],
                peer_step_peak_rss_mb=peer["step_peak_rss_mb"],
@@ -243,12 +253,23 @@ def _minibatching(plan: tc.StackingPlan, split: int) -> tc.StackingPlan:
     return plan
 
 
+class FusedTimes(NamedTuple):
+    """What `_time_fused` measured."""
+
+    forward_s: float
+    step_s: float
+    setup_peak_mb: float
+    step_peak_mb: float
+    huge_page_bytes: int
+
+
 def _time_fused(plan: tc.StackingPlan, prepped: list[tc.PreprocessedBatch], mesh: Any,
-                weights: Mapping[str, np.ndarray], seed: int, timing: Mapping[str, int]
-                ) -> tuple[float, float, float, float]:
+                weights: Mapping[str, np.ndarray], seed: int, timing: Mapping[str, int],
+                huge_pages: bool = True) -> FusedTimes:
     """Median seconds of the fused forward and training step over `prepped` (cycled); the
     resident MB at the peak of the set-up (initialising the tables) and at the peak of the
-    timed calls (tables, batches and the steps' buffers)."""
+    timed calls (tables, batches and the steps' buffers); the bytes of variables moved
+    onto huge pages (`huge_pages`, before the peak is reset)."""
     import jax
 
     from tilecore import ops
@@ -260,13 +281,14 @@ def _time_fused(plan: tc.StackingPlan, prepped: list[tc.PreprocessedBatch], mesh
     variables = ops.init_tables(plan, jax.random.key(seed), mesh=mesh)
     forward = fused_forward(plan, mesh)
     jax.block_until_ready(variables)
+    moved = ops.use_huge_pages(variables) if huge_pages else 0
     setup_peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
     probe = PeakProbe.start()  # resets the peak: ru_maxrss too
     forward_s = median_seconds(lambda i: forward(variables, batches[i % n]), **timing)
     step_s = time_step(plan, batches, mesh, weights, variables, timing)  # donates them
     peak_mb = probe.peak_bytes() / 2**20
     gc.collect()  # the tables went with the last step; the rest before the naive step runs
-    return forward_s, step_s, setup_peak_mb, peak_mb
+    return FusedTimes(forward_s, step_s, setup_peak_mb, peak_mb, moved)
 
 
 def _result(args: argparse.Namespace, batch_size: int, stacks: int, forward_s: float,
@@ -315,7 +337,10 @@ def _print(r: dict[str, Any]) -> None:
                  f"{r['update_ms']:.2f} ms) {r['update_gb_s']:.1f} GB/s, "
                  f"{100 * r['update_fraction_of_copy']:.0f}%",
               f"  peak memory of the timed calls "
-              f"{r['step_peak_rss_mb']:,.0f} MB (of the run {r['peak_rss_mb']:,.0f} MB)"]
+              f"{r['step_peak_rss_mb']:,.0f} MB (of the run {r['peak_rss_mb']:,.0f} MB); "
+              + (f"variables on huge pages: {r['huge_pages_gb'] * 1e3:,.0f} MB"
+                 if r["huge_pages_gb"]
+                 else "variables on 4 KiB pages")]
     if "peer_step_ms" in r:
         ids = r["ids_per_batch"]
         lines += [
@@ -326,7 +351,8 @@ def _print(r: dict[str, Any]) -> None:
             f"  FBGEMM time / tilecore time: forward {r['peer_forward_ratio']:.2f}x, step "
             f"{r['peer_step_ratio']:.2f}x ({r['peer_threads']} threads, {r['peer_versions']}, "
             f"peak memory of the timed calls {r['peer_step_peak_rss_mb']:,.0f} MB, of the run "
-            f"{r['peer_peak_rss_mb']:,.0f} MB)",
+            f"{r['peer_peak_rss_mb']:,.0f} MB, "
+            f"{'on huge pages' if r['huge_pages_gb'] else 'on 4 KiB pages'})",
         ]
     if "naive_step_ms" in r:
         ids = r["ids_per_batch"]

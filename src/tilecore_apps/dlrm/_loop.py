@@ -214,11 +214,16 @@ def _resume_step(config: TrainConfig) -> int | None:
 
 def _initial(config: TrainConfig, plan: StackingPlan, dense: DenseState, mesh: Mesh | None,
              resume_from: int | None) -> Resumed:
-    """The starting point: the checkpoint's state if resuming, else fresh tables."""
+    """The starting point: the checkpoint's state if resuming, else fresh tables; on the
+    CPU, on huge pages (`ops.use_huge_pages`: the steps update them in place)."""
     if resume_from is not None and config.checkpoint_dir is not None:
         with annotate("restore"):
-            return restore_checkpoint(config.checkpoint_dir, plan, dense, mesh=mesh)
-    return Resumed(0, init_variables(plan, config.seed, mesh=mesh), dense)
+            resumed = restore_checkpoint(config.checkpoint_dir, plan, dense, mesh=mesh)
+    else:
+        resumed = Resumed(0, init_variables(plan, config.seed, mesh=mesh), dense)
+    ops.use_huge_pages(resumed.variables)
+    return resumed
+
 
 def _limits(plan: StackingPlan) -> dict[str, Mapping[str, int | None]]:
     return {name: {"max_ids_per_partition": s.max_ids_per_partition,
