@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -18,7 +18,7 @@ from . import _checks as checks
 from ._activations import stack_gradients
 from ._contract import check_call, check_step
 from ._eager import ByIdentity, should_jit
-from ._layout import stack_layouts
+from ._layout import StackLayout, stack_layouts
 from ._lookup import DEFAULT_AXIS, num_minibatches_of, on_mesh
 from ._per_device import lookup_grad_stack
 from ._variables import EmbeddingVariables
@@ -96,9 +96,7 @@ def lookup_grad(
     """
     layouts = stack_layouts(plan)
     check_call(plan, batch, mesh, axis, "lookup_grad")
-    clip = dict(options.clip)
-    check_finite, serialize_stacks = options.check_finite, options.serialize_stacks
-    unknown = sorted(set(clip) - set(layouts))
+    unknown = sorted(set(options.clip) - set(layouts))
     if unknown:
         raise ValueError(f"clip names unknown stacks {unknown}; stacks: {sorted(layouts)}.")
     check_step(step)
@@ -106,41 +104,8 @@ def lookup_grad(
         return _compiled_lookup_grad(ByIdentity(plan), batch, dict(variables),
                                      dict(activation_grads), step, mesh=mesh, axis=axis,
                                      stacked=stacked, options=options)
-
-    def per_device(buffers: Mapping[str, StackBuffers], tables: Mapping[str, EmbeddingVariables],
-                   grads: Mapping[str, jax.Array], step: Any, num_minibatches: jax.Array
-                   ) -> dict[str, EmbeddingVariables]:
-        def one_stack(name: str) -> Callable[[Any], EmbeddingVariables]:
-            layout = layouts[name]
-
-            def run(inputs: tuple[StackBuffers, Any, EmbeddingVariables]) -> EmbeddingVariables:
-                stack_buffers, stack_grads, stack_variables = inputs
-                block = (stack_grads if stacked else
-                         stack_gradients(plan, name, dict(stack_grads), layout))
-                new = lookup_grad_stack(
-                    stack_buffers, block, stack_variables, layout, plan.stacks[name].optimizer,
-                    step, None if mesh is None else axis, clip.get(name), num_minibatches,
-                    options.rounding_seed,
-                )
-                if check_finite:
-                    checks.check_finite([new.table, *new.slots], stack=name,
-                                        what="updated variables")
-                return new
-
-            return run
-
-        work = [
-            (one_stack(name),
-             (buffers[name], grads[name] if stacked else
-              {f: grads[f] for f in plan.stacks[name].feature_names}, tables[name]))
-            for name in layouts
-        ]
-        if serialize_stacks:
-            results = checks.one_after_another(work)
-        else:
-            results = [fn(inputs) for fn, inputs in work]
-        return dict(zip(layouts, results, strict=True))
-
+    per_device = functools.partial(_update_device, plan, options, stacked,
+                                   None if mesh is None else axis)
     tables = {name: variables[name] for name in layouts}
     step = jnp.asarray(step, jnp.int32)  # one compiled program whatever the step's Python type
     count = num_minibatches_of(batch)
@@ -154,6 +119,42 @@ def lookup_grad(
     )
     stacks, tables, grads = on_mesh(mesh, axis, dict(batch.stacks), tables, dict(activation_grads))
     return sharded(stacks, tables, grads, step, count)
+
+
+def _update_device(plan: StackingPlan, options: UpdateOptions, stacked: bool, axis: str | None,
+                   buffers: Mapping[str, StackBuffers], tables: Mapping[str, EmbeddingVariables],
+                   grads: Mapping[str, jax.Array], step: Any, num_minibatches: jax.Array
+                   ) -> dict[str, EmbeddingVariables]:
+    """One device's new variables of every stack (inside `shard_map` over a mesh): the
+    stacks one after another with `serialize_stacks`, else as XLA schedules them."""
+    def inputs(name: str) -> tuple[StackBuffers, Any, EmbeddingVariables]:
+        features = plan.stacks[name].feature_names
+        return (buffers[name], grads[name] if stacked else {f: grads[f] for f in features},
+                tables[name])
+
+    layouts = stack_layouts(plan)
+    work = [(functools.partial(_update_stack, plan, layout, options, stacked, axis, step,
+                               num_minibatches), inputs(name))
+            for name, layout in layouts.items()]
+    results = (checks.one_after_another(work) if options.serialize_stacks
+               else [update(stack_inputs) for update, stack_inputs in work])
+    return dict(zip(layouts, results, strict=True))
+
+
+def _update_stack(plan: StackingPlan, layout: StackLayout, options: UpdateOptions,
+                  stacked: bool, axis: str | None, step: Any, num_minibatches: jax.Array,
+                  inputs: tuple[StackBuffers, Any, EmbeddingVariables]) -> EmbeddingVariables:
+    """One stack's new variables on one device from its buffers, its activations'
+    gradients (its features', or its stacked block) and its variables."""
+    stack_buffers, stack_grads, stack_variables = inputs
+    name = layout.name
+    block = stack_grads if stacked else stack_gradients(plan, name, dict(stack_grads), layout)
+    new = lookup_grad_stack(
+        stack_buffers, block, stack_variables, layout, plan.stacks[name].optimizer, step, axis,
+        options.clip.get(name), num_minibatches, options.rounding_seed)
+    if options.check_finite:
+        checks.check_finite([new.table, *new.slots], stack=name, what="updated variables")
+    return new
 
 
 @functools.partial(jax.jit, static_argnums=0,

@@ -302,15 +302,46 @@ def preprocess(
     threads = resolve_num_threads(num_threads, max_ids=layout.max_ids)
     if plan.config.enable_minibatching:
         agreement = _resolve_agreement(plan, agreement)
+    s, local = topo.sc_per_device, topo.num_local_devices
+    executor = pool(threads) if threads > 1 else None
+    jobs, results = _run_stacks(plan, layout, inputs, weights, threads, executor)
+    for result in results:
+        if result.error is not None:
+            _raise_input_error(*result.error)
+    stats, overflow = _collect_stats(jobs, results, local, s)
+    num_minibatches = 1
+    if plan.config.enable_minibatching:
+        assert agreement is not None  # resolved above
+        num_minibatches, stats, overflow = _pack_minibatches(
+            plan, jobs, results, stats, agreement, batch_number, executor)
+    check_counts(plan, stats, overflow, minibatched=plan.config.enable_minibatching,
+                 stacklevel=3)
+    stacks = {job.layout.stack.name: job.buffers for job in jobs}
+    if not has_leading_dimension:
+        stacks = {
+            name: StackBuffers(**{f.name: getattr(b, f.name).reshape(-1)
+                                  for f in dataclasses.fields(b)})
+            for name, b in stacks.items()
+        }
+    return PreprocessedBatch(stacks=stacks, num_minibatches=num_minibatches,
+                             made_for=layout.signature(plan)), stats
+
+
+def _run_stacks(plan: StackingPlan, layout: PlanLayout, inputs: Mapping[str, FeatureInput],
+                weights: Mapping[str, Any], threads: int, executor: ThreadPoolExecutor | None
+                ) -> tuple[list[_StackJob], list[_TaskResult]]:
+    """Every stack's job and its tasks' results (one task per local device and SparseCore).
+
+    Stack by stack: convert the stack's inputs (Python-bound, holds the GIL), then hand
+    its tasks to the workers, which sort and pack (GIL released) while the next stack's
+    inputs are converted; without an executor the tasks run here, after the conversions.
+    """
+    topo = plan.topology
     n, s, local = topo.num_partitions, topo.sc_per_device, topo.num_local_devices
 
     def run(task: tuple[_StackJob, int, int]) -> _TaskResult:
         return _run_task(task[0], task[1], task[2], n, s)
 
-    # Stack by stack: convert the stack's inputs (Python-bound, holds the GIL), then hand
-    # its tasks to the workers, which sort and pack (GIL released) while the next
-    # stack's inputs are converted.
-    executor = pool(threads) if threads > 1 else None
     csrs: dict[str, Csr] = {}
     jobs: list[_StackJob] = []
     tasks: list[tuple[_StackJob, int, int]] = []
@@ -334,30 +365,8 @@ def preprocess(
         wait(futures.values())  # workers write into this call's buffers: let them finish
         raise
     if executor is None:
-        results = [run(t) for t in tasks]
-    else:
-        results = [futures[i].result() for i in range(len(tasks))]
-
-    for result in results:
-        if result.error is not None:
-            _raise_input_error(*result.error)
-    stats, overflow = _collect_stats(jobs, results, local, s)
-    num_minibatches = 1
-    if plan.config.enable_minibatching:
-        assert agreement is not None  # resolved above
-        num_minibatches, stats, overflow = _pack_minibatches(
-            plan, jobs, results, stats, agreement, batch_number, executor)
-    check_counts(plan, stats, overflow, minibatched=plan.config.enable_minibatching,
-                 stacklevel=3)
-    stacks = {job.layout.stack.name: job.buffers for job in jobs}
-    if not has_leading_dimension:
-        stacks = {
-            name: StackBuffers(**{f.name: getattr(b, f.name).reshape(-1)
-                                  for f in dataclasses.fields(b)})
-            for name, b in stacks.items()
-        }
-    return PreprocessedBatch(stacks=stacks, num_minibatches=num_minibatches,
-                             made_for=layout.signature(plan)), stats
+        return jobs, [run(t) for t in tasks]
+    return jobs, [futures[i].result() for i in range(len(tasks))]
 
 
 def _resolve_agreement(plan: StackingPlan, agreement: Agreement | None) -> Agreement:

@@ -80,8 +80,8 @@ def add_parser(kinds: Any) -> None:
     p.add_argument("--no-huge-pages", action="store_true",
                    help="keep the tables on the 4 KiB pages XLA allocated them on (default: "
                         "move them onto transparent huge pages with tilecore.ops.use_huge_pages, "
-                        "and run FBGEMM with THP_MEM_ALLOC_ENABLE=1 so that its tables are on "
-                        "them too)")
+                        "and run FBGEMM with GLIBC_TUNABLES=glibc.malloc.hugetlb=1 so that its "
+                        "tables are on them too)")
     p.add_argument("--peer-python", type=Path, default=None, metavar="PYTHON",
                    help="also time FBGEMM's table-batched embeddings (forward, and the step "
                         "with the same optimizer fused: sgd or adagrad; float32 or float16 "
@@ -267,27 +267,41 @@ def _time_fused(plan: tc.StackingPlan, prepped: list[tc.PreprocessedBatch], mesh
                 weights: Mapping[str, np.ndarray], seed: int, timing: Mapping[str, int],
                 huge_pages: bool = True) -> FusedTimes:
     """Median seconds of the fused forward and training step over `prepped` (cycled); the
-    resident MB at the peak of the set-up (initialising the tables) and at the peak of the
-    timed calls (tables, batches and the steps' buffers); the bytes of variables moved
-    onto huge pages (`huge_pages`, before the peak is reset)."""
+    resident MB at the peak before the timed calls (initialising the tables, compiling and
+    the warm-up calls) and at the peak of the timed calls (tables, batches and the steps'
+    buffers); the bytes of variables moved onto huge pages (`huge_pages`)."""
     import jax
+    import jax.numpy as jnp
 
     from tilecore import ops
 
-    from ._fused import fused_forward, put_batches, time_step
+    from ._fused import fused_forward, fused_step, put_batches
 
     batches = put_batches(prepped, mesh)
     n = len(batches)
-    variables = ops.init_tables(plan, jax.random.key(seed), mesh=mesh)
-    forward = fused_forward(plan, mesh)
-    jax.block_until_ready(variables)
-    moved = ops.use_huge_pages(variables) if huge_pages else 0
+    state = {"variables": ops.init_tables(plan, jax.random.key(seed), mesh=mesh)}
+    jax.block_until_ready(state)
+    moved = ops.use_huge_pages(state) if huge_pages else 0
+    forward, train = fused_forward(plan, mesh), fused_step(plan, mesh, weights)
+
+    def forward_call(i: int) -> Any:
+        return forward(state["variables"], batches[i % n])
+
+    def step_call(i: int) -> Any:  # the variables are donated: keep only the new ones
+        state["variables"] = train(state["variables"], batches[i % n], jnp.int32(i))
+        return state["variables"]
+
+    warmup, repeats = timing["warmup"], timing["repeats"]
+    for call in (forward_call, step_call):  # compiled and warm before the peak is reset
+        for i in range(warmup):
+            jax.block_until_ready(call(i))
     setup_peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
     probe = PeakProbe.start()  # resets the peak: ru_maxrss too
-    forward_s = median_seconds(lambda i: forward(variables, batches[i % n]), **timing)
-    step_s = time_step(plan, batches, mesh, weights, variables, timing)  # donates them
+    forward_s = median_seconds(lambda i: forward_call(warmup + i), warmup=0, repeats=repeats)
+    step_s = median_seconds(lambda i: step_call(warmup + i), warmup=0, repeats=repeats)
     peak_mb = probe.peak_bytes() / 2**20
-    gc.collect()  # the tables went with the last step; the rest before the naive step runs
+    state.clear()
+    gc.collect()  # the tables go; the rest before the naive step runs
     return FusedTimes(forward_s, step_s, setup_peak_mb, peak_mb, moved)
 
 
