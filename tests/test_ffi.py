@@ -227,7 +227,8 @@ def test_a_variadic_kernel_writes_every_result_it_is_asked_for(split: bool) -> N
 
     name = f"test_variadic_{'split' if split else 'serial'}"
     kernel = _ffi.register_kernel(name, fill, [(np.float32, 1)],
-                                  [(np.int32, 1), (np.float32, 2)], split=split, variadic=True)
+                                  [(np.int32, 1), (np.float32, 2)], split=split,
+                                  variadic="results")
     shapes = [(5, 3), (1, 7), (64, 2)]
     for n in (1, 3):  # one handler serves any number of results
         results = [jax.ShapeDtypeStruct((1,), jnp.int32),
@@ -244,6 +245,43 @@ def test_a_variadic_kernel_writes_every_result_it_is_asked_for(split: bool) -> N
         kernel(jnp.ones(1), results=[jax.ShapeDtypeStruct((1,), jnp.int32),
                                      jax.ShapeDtypeStruct((2, 2), jnp.float32),
                                      jax.ShapeDtypeStruct((2,), jnp.float32)])
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_a_kernel_variadic_in_its_operands_reads_every_one(split: bool) -> None:
+    import numba
+
+    from tilecore.ops.cpu._ffi_abi import _voidptr
+
+    @numba.njit
+    def totals(scale: Any, inputs: Any, out: Any, part: int = 0, parts: int = 1) -> int:
+        for k in range(out.shape[0] * part // parts, out.shape[0] * (part + 1) // parts):
+            out[k] = 0.0
+            if k < inputs.shape[0]:
+                rows, width = inputs[k, 1], inputs[k, 2]
+                view = numba.carray(_voidptr(inputs[k, 0]), (rows, width), np.float32)
+                for r in range(rows):
+                    for c in range(width):
+                        out[k] += scale[0] * view[r, c]
+        return 0
+
+    name = f"test_variadic_operands_{'split' if split else 'serial'}"
+    kernel = _ffi.register_kernel(name, totals, [(np.float32, 1), (np.float32, 2)],
+                                  [(np.float32, 1)], split=split, variadic="operands")
+    rng = np.random.default_rng(0)
+    for shapes in ([(3, 4)], [(3, 4), (1, 1), (50, 2)]):  # one handler, any number of operands
+        arrays = [rng.standard_normal(shape).astype(np.float32) for shape in shapes]
+        out = jax.jit(lambda *xs: kernel(
+            jnp.full(1, 2.0), *xs, results=[jax.ShapeDtypeStruct((8,), jnp.float32)])[0])(
+                *arrays)
+        expected = np.zeros(8, np.float32)
+        expected[:len(arrays)] = [2 * a.sum() for a in arrays]
+        np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-5)
+    with pytest.raises(TypeError, match="at least 2 operands"):
+        kernel(jnp.ones(1), results=[jax.ShapeDtypeStruct((8,), jnp.float32)])
+    with pytest.raises(TypeError, match="operand 2 must be float32 of rank 2"):
+        kernel(jnp.ones(1), jnp.ones((2, 2)), jnp.ones(2),
+               results=[jax.ShapeDtypeStruct((8,), jnp.float32)])
 
 
 @pytest.mark.parametrize("failure", ["raises", "rejects"])

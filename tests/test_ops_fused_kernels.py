@@ -148,8 +148,14 @@ def test_unsorted_runs_update_like_sorted_ones() -> None:
                                        err_msg=name)
 
 
+def _array_table(arrays: list[np.ndarray]) -> np.ndarray:
+    """What a kernel variadic in its operands receives for `arrays`: address, rows, width."""
+    return np.array([(a.ctypes.data, *a.shape) for a in arrays], np.int64).reshape(-1, 3)
+
+
 @pytest.mark.parametrize("sorted_runs", [True, False])
 def test_update_parts_write_their_own_rows_and_add_up_to_the_whole(sorted_runs: bool) -> None:
+    from tilecore.ops._activations import feature_slices, stack_slices
     from tilecore.ops._layout import stack_layouts
     from tilecore.ops._per_device import flat_buffers
     from tilecore.ops.cpu import _kernels
@@ -169,15 +175,24 @@ def test_update_parts_write_their_own_rows_and_add_up_to_the_whole(sorted_runs: 
         ins = [rng.standard_normal((rows, layout.dim)).astype(np.float32)
                for _ in range(1 + len(spec.slot_names))]
         ins[1:] = [np.abs(x) for x in ins[1:]]  # accumulators
-        grads = rng.standard_normal((layout.sc_per_device * layout.samples_per_sc, layout.dim)
-                                    ).astype(np.float32)
-        operands = (_kernels.layout_array(layout), np.array([0, 1], np.int32),
-                    *(np.asarray(x) for x in flat_buffers(batch.stacks[name])), grads, hf, hi,
-                    *ins)
+        slices = list(feature_slices(plan, name).values())
+        per_feature = [rng.standard_normal((layout.sc_per_device * count, width)
+                                           ).astype(np.float32) for _, count, width in slices]
+        grads = np.asarray(stack_slices(per_feature, layout, slices))  # zeros past a width
+        buffers = (_kernels.layout_array(layout), np.array([0, 1], np.int32),
+                   *(np.asarray(x) for x in flat_buffers(batch.stacks[name])))
+        block = (np.array([[0, layout.samples_per_sc]], np.int32), _array_table([grads]))
+        operands = (*buffers, block[0], hf, hi, *ins, block[1])
         whole = [np.full_like(x, np.nan) for x in ins]
         assert kernel(*operands, *whole, 0, 1) == 0
         assert all(np.isfinite(x).all() for x in whole)
         assert not np.array_equal(whole[0], ins[0])  # rows were updated
+        # Each feature's gradients read where they lie: the same update as from the block.
+        features = [np.full_like(x, np.nan) for x in ins]
+        assert kernel(*buffers, _kernels.slice_operand(slices), hf, hi, *ins,
+                      _array_table(per_feature), *features, 0, 1) == 0
+        for got, want in zip(features, whole, strict=True):
+            np.testing.assert_array_equal(got, want, err_msg=name)
         local = np.arange(rows) % layout.rows_per_shard
         for parts in (2, 3):
             outs = [np.full_like(x, np.nan) for x in ins]

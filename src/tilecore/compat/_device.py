@@ -151,7 +151,7 @@ def update_stacks(plan: StackingPlan, stacks: Mapping[str, StackBuffers],
         table, slots = variables[name]
         flat = ops.EmbeddingVariables(flat_table(table), tuple(flat_table(s) for s in slots))
         new = lookup_grad_stack(
-            stacks[name], jnp.asarray(grads[name], jnp.float32).reshape(-1, layout.dim), flat,
+            stacks[name], [jnp.asarray(grads[name], jnp.float32).reshape(-1, layout.dim)], flat,
             layout, plan.stacks[name].optimizer, step, axis, clip.get(name), count,  # pyright: ignore[reportArgumentType]
         )
         out[name] = (new.table.reshape(table.shape),

@@ -8,7 +8,7 @@ feature's rows on a device are the concatenation of its slice in every block
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 import jax
@@ -57,17 +57,37 @@ def unstack_activations(plan: StackingPlan, stack: str, stacked: jax.Array,
     return dict(zip(slices, take_slices(stacked, layout, list(slices.values())), strict=True))
 
 
-def stack_gradients(plan: StackingPlan, stack: str, grads: dict[str, jax.Array],
-                    layout: StackLayout) -> jax.Array:
-    """The inverse of `unstack_activations`: feature gradients into one stacked block."""
+def feature_gradients(plan: StackingPlan, stack: str, grads: Mapping[str, jax.Array],
+                      layout: StackLayout) -> list[jax.Array]:
+    """The stack's features' activation gradients as float32, in slice order (the order of
+    `feature_slices`), each checked to have its activations' shape on a device."""
     s = layout.sc_per_device
-    parts = []
-    for name, (_, count, dim) in feature_slices(plan, stack).items():
+    out = []
+    for name, (_, count, width) in feature_slices(plan, stack).items():
         g = jnp.asarray(grads[name], jnp.float32)
-        if g.shape != (s * count, dim):
+        if g.shape != (s * count, width):
             raise ValueError(
-                f"Gradient of feature {name!r} has shape {g.shape}; expected {(s * count, dim)} "
+                f"Gradient of feature {name!r} has shape {g.shape}; expected {(s * count, width)} "
                 "per device (its activations' shape)."
             )
-        parts.append(jnp.pad(g.reshape(s, count, dim), ((0, 0), (0, 0), (0, layout.dim - dim))))
-    return jnp.concatenate(parts, axis=1).reshape(s * layout.samples_per_sc, layout.dim)
+        out.append(g)
+    return out
+
+
+def stack_slices(parts: Sequence[jax.Array], layout: StackLayout,
+                 slices: Sequence[ActivationSlice]) -> jax.Array:
+    """The inverse of `take_slices`: each slice's `[S·samples, width]` array into one
+    `[S·samples_per_sc, dim]` block, zeros where no slice is."""
+    s = layout.sc_per_device
+    block = jnp.zeros((s, layout.samples_per_sc, layout.dim), jnp.float32)
+    for part, (first, count, width) in zip(parts, slices, strict=True):
+        block = block.at[:, first:first + count, :width].set(
+            jnp.asarray(part, jnp.float32).reshape(s, count, width))
+    return block.reshape(s * layout.samples_per_sc, layout.dim)
+
+
+def stack_gradients(plan: StackingPlan, stack: str, grads: Mapping[str, jax.Array],
+                    layout: StackLayout) -> jax.Array:
+    """The inverse of `unstack_activations`: feature gradients into one stacked block."""
+    return stack_slices(feature_gradients(plan, stack, grads, layout), layout,
+                        list(feature_slices(plan, stack).values()))

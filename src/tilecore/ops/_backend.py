@@ -58,9 +58,9 @@ class Wing:
       lookup_local: `(flat, table, layout, num_minibatches, slices) -> [[S·samples,
         width], ...]`, one device's activations straight from its own buffers (no mesh),
         of each `ActivationSlice` of its `[S·samples, dim]` block.
-      update_local: `(flat, grads, variables, layout, spec, step, clip,
+      update_local: `(flat, grads, slices, variables, layout, spec, step, clip,
         num_minibatches, rounding) -> variables`, one device's update from its own
-        buffers.
+        buffers, `grads` one array per `ActivationSlice` of its block.
     """
 
     name: str

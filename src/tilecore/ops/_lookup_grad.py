@@ -15,7 +15,7 @@ from jax.sharding import Mesh, PartitionSpec
 from ..preprocessing import PreprocessedBatch, StackBuffers
 from ..stacking import StackingPlan
 from . import _checks as checks
-from ._activations import stack_gradients
+from ._activations import feature_gradients, feature_slices
 from ._contract import check_call, check_step
 from ._eager import ByIdentity, should_jit
 from ._layout import StackLayout, stack_layouts
@@ -148,10 +148,14 @@ def _update_stack(plan: StackingPlan, layout: StackLayout, options: UpdateOption
     gradients (its features', or its stacked block) and its variables."""
     stack_buffers, stack_grads, stack_variables = inputs
     name = layout.name
-    block = stack_grads if stacked else stack_gradients(plan, name, dict(stack_grads), layout)
+    if stacked:
+        grads, slices = [stack_grads], None
+    else:
+        grads = feature_gradients(plan, name, stack_grads, layout)
+        slices = list(feature_slices(plan, name).values())
     new = lookup_grad_stack(
-        stack_buffers, block, stack_variables, layout, plan.stacks[name].optimizer, step, axis,
-        options.clip.get(name), num_minibatches, options.rounding_seed)
+        stack_buffers, grads, stack_variables, layout, plan.stacks[name].optimizer, step, axis,
+        options.clip.get(name), num_minibatches, options.rounding_seed, slices)
     if options.check_finite:
         checks.check_finite([new.table, *new.slots], stack=name, what="updated variables")
     return new

@@ -17,9 +17,16 @@ import jax.numpy as jnp
 
 from ..preprocessing import StackBuffers
 from ..specs import OptimizerSpec
-from ._activations import ActivationSlice, take_slices, whole_block
+from ._activations import ActivationSlice, stack_slices, take_slices, whole_block
 from ._backend import FlatBuffers, Wing, lookup_wing, wing
-from ._contract import check_buffers, check_grads, check_table, check_table_dtype, check_variables
+from ._contract import (
+    check_buffers,
+    check_grads,
+    check_slice_grads,
+    check_table,
+    check_table_dtype,
+    check_variables,
+)
 from ._layout import StackLayout
 from ._minibatching import MAX_MINIBATCHES, minibatch_windows
 from ._rounding import Rounding, rounding_key
@@ -135,24 +142,33 @@ def pool_entries(entries: Entries, table: jax.Array, layout: StackLayout, axis: 
 # --- update -----------------------------------------------------------------------------------
 
 
-def lookup_grad_stack(buffers: StackBuffers, grads: jax.Array, variables: EmbeddingVariables,
-                      layout: StackLayout, optimizer: OptimizerSpec, step: Any,
-                      axis: str | None = None, clip: tuple[float, float] | None = None,
-                      num_minibatches: jax.Array | int = 1, rounding_seed: int = 0
-                      ) -> EmbeddingVariables:
-    """Update one device's shard of a stack from its stacked activation gradients.
+def lookup_grad_stack(buffers: StackBuffers, grads: Sequence[jax.Array],
+                      variables: EmbeddingVariables, layout: StackLayout,
+                      optimizer: OptimizerSpec, step: Any, axis: str | None = None,
+                      clip: tuple[float, float] | None = None,
+                      num_minibatches: jax.Array | int = 1, rounding_seed: int = 0,
+                      slices: Sequence[ActivationSlice] | None = None) -> EmbeddingVariables:
+    """Update one device's shard of a stack from its activation gradients: one array per
+    slice of its `[S·samples_per_sc, dim]` block (the features', each `[S·samples, width]`),
+    or by default one array, the block itself.
 
-    Minibatched buffers are applied one minibatch at a time on a mesh (the optimizer
-    runs once per minibatch, on that minibatch's rows, as on the reference system).
-    A half-precision table's rows are written with stochastic rounding, its bits
-    drawn from `rounding_seed`, the stack, the step and each value's global row and
-    column (`_rounding`).
+    On one device the wing reads each slice's gradients where they lie (the CPU wing's
+    fused kernel: no block is built). Minibatched buffers are applied one minibatch at a
+    time on a mesh (the optimizer runs once per minibatch, on that minibatch's rows, as on
+    the reference system). A half-precision table's rows are written with stochastic
+    rounding, its bits drawn from `rounding_seed`, the stack, the step and each value's
+    global row and column (`_rounding`).
     """
     kernels = wing()
     flat = flat_buffers(buffers)
     check_buffers(flat, layout)
     check_variables(variables, layout, optimizer)
-    check_grads(grads, layout)
+    if slices is None:
+        (block,) = grads
+        check_grads(block, layout)
+        grads, slices = [block.reshape(-1, layout.dim)], [whole_block(layout)]
+    else:
+        check_slice_grads(grads, slices, layout)
     count = minibatch_count(layout, num_minibatches)
     variables = EmbeddingVariables(variables.table, tuple(variables.slots))
     rounding = None
@@ -160,18 +176,19 @@ def lookup_grad_stack(buffers: StackBuffers, grads: jax.Array, variables: Embedd
         first = 0 if layout.num_devices == 1 else jax.lax.axis_index(axis) * layout.rows_per_device
         rounding = Rounding(rounding_key(rounding_seed, layout.name, step), first)
     if layout.num_devices == 1:
-        return kernels.update_local(flat, grads.reshape(-1, layout.dim), variables, layout,
+        return kernels.update_local(flat, list(grads), list(slices), variables, layout,
                                     optimizer, step, clip, count, rounding)
     assert axis is not None
-    grads = jax.lax.all_gather(grads, axis).reshape(-1, layout.dim)  # every source device's
+    block = stack_slices(grads, layout, slices)
+    block = jax.lax.all_gather(block, axis).reshape(-1, layout.dim)  # every source device's
     if not layout.minibatched:
         entries = received_entries(flat, layout, axis)
-        return update_rows(entries, sources(entries), grads, variables, layout, optimizer,
+        return update_rows(entries, sources(entries), block, variables, layout, optimizer,
                            step, axis, clip, kernels, rounding)
 
     def body(minibatch: jax.Array, variables: EmbeddingVariables) -> EmbeddingVariables:
         entries = received_minibatch(flat, layout, axis, minibatch, count)
-        return update_rows(entries, sources(entries), grads, variables, layout, optimizer,
+        return update_rows(entries, sources(entries), block, variables, layout, optimizer,
                            step, axis, clip, kernels, rounding)
 
     return jax.lax.fori_loop(0, count, body, variables)

@@ -167,7 +167,7 @@ def _task_symbol(name: str) -> str:
 
 
 def _compiled_handler(name: str, kernel: Any, args: Signature, rets: Signature,
-                      split: bool = False, variadic: bool = False) -> Any:
+                      split: bool = False, variadic: str | None = None) -> Any:
     """The cfunc handler of `kernel`, compiled from a generated module numba can cache.
 
     The handler's source is generated per signature. Written to a file named by the
@@ -237,14 +237,15 @@ class FfiKernel:
     even if no other thread is ever free, and returns when all have finished. XLA runs
     the calls of one program one after another, so without this a kernel uses one core.
 
-    A `variadic` kernel's last result spec stands for one or more results of that dtype
-    and rank, as many as the call asks for: the kernel receives them as one int64 array
-    `[n, 1 + rank]` of each result's address and dimensions (rows of several outputs
-    written in one pass, say, where XLA would otherwise copy them out of one block).
+    A kernel `variadic` in its "operands" (or "results") takes one or more of them for the
+    last spec of that group, as many as the call passes: the kernel receives them as one
+    int64 array `[n, 1 + rank]` of each one's address and dimensions, in their place
+    (every feature's activations written, or its gradients read, in one pass, say, where
+    XLA would otherwise copy them out of or into one block).
     """
 
     def __init__(self, name: str, kernel: Callable[..., Any], args: Sequence[Spec],
-                 rets: Sequence[Spec], split: bool = False, variadic: bool = False):
+                 rets: Sequence[Spec], split: bool = False, variadic: str | None = None):
         self.name = name
         self.kernel = kernel
         self.split = split
@@ -253,8 +254,10 @@ class FfiKernel:
         self.rets = tuple((np.dtype(d), int(n)) for d, n in rets)
         if any(n < 1 for _, n in self.args + self.rets):
             raise ValueError("FFI kernel operands and results must have rank >= 1")
-        if variadic and not self.rets:
-            raise ValueError("a variadic FFI kernel needs the spec of its variadic results")
+        if variadic not in (None, "operands", "results"):
+            raise ValueError(f"variadic must be None, 'operands' or 'results', got {variadic!r}")
+        if variadic and not (self.args if variadic == "operands" else self.rets):
+            raise ValueError(f"a kernel variadic in its {variadic} needs their last spec")
 
     def ensure_registered(self) -> None:
         with _LOCK:
@@ -275,13 +278,12 @@ class FfiKernel:
     def __call__(self, *operands: Any, results: Sequence[jax.ShapeDtypeStruct],
                  input_output_aliases: dict[int, int] | None = None) -> Any:
         """Call the kernel (inside or outside `jax.jit`); returns a list of result arrays."""
-        rets = self.rets
-        if self.variadic:  # the last spec, once per result from there on
-            if len(results) < len(rets):
-                raise TypeError(f"{self.name} takes at least {len(rets)} results, "
-                                f"got {len(results)}")
-            rets = rets + rets[-1:] * (len(results) - len(rets))
-        for label, values, specs in (("operand", operands, self.args),
+        args, rets = self.args, self.rets
+        if self.variadic == "operands":  # the last spec, once per operand from there on
+            args = _repeat_last(self.name, "operands", args, len(operands))
+        if self.variadic == "results":
+            rets = _repeat_last(self.name, "results", rets, len(results))
+        for label, values, specs in (("operand", operands, args),
                                      ("result", results, rets)):
             if len(values) != len(specs):
                 raise TypeError(f"{self.name} takes {len(specs)} {label}s, got {len(values)}")
@@ -293,6 +295,14 @@ class FfiKernel:
         call = jax.ffi.ffi_call(self.name, list(results),
                                 input_output_aliases=input_output_aliases)
         return call(*operands)
+
+
+def _repeat_last(name: str, label: str, specs: tuple[tuple[np.dtype, int], ...], count: int
+                 ) -> tuple[tuple[np.dtype, int], ...]:
+    """A variadic group's specs for a call with `count` buffers in it."""
+    if count < len(specs):
+        raise TypeError(f"{name} takes at least {len(specs)} {label}, got {count}")
+    return specs + specs[-1:] * (count - len(specs))
 
 
 # Survives `importlib.reload` (same module dict): a reload must neither re-register a name
@@ -307,11 +317,11 @@ _TASKS: dict[str, Any] = globals().get("_TASKS", {})
 
 
 def register_kernel(name: str, kernel: Callable[..., Any], args: Sequence[Spec],
-                    rets: Sequence[Spec], split: bool = False, variadic: bool = False
+                    rets: Sequence[Spec], split: bool = False, variadic: str | None = None
                     ) -> FfiKernel:
     """Declare `kernel` as typed-FFI target `name` (compiled and registered on first call);
-    `split`: run in parts on XLA's threads; `variadic`: its last result repeats (see
-    `FfiKernel`)."""
+    `split`: run in parts on XLA's threads; `variadic` ("operands" or "results"): that
+    group's last spec repeats (see `FfiKernel`)."""
     return FfiKernel(name, kernel, args, rets, split, variadic)
 
 

@@ -336,9 +336,10 @@ def _can_report(frame):
 
 
 @_njit
-def _prologue(frame, nargs, nrets, exact):
+def _prologue(frame, nargs, nrets, variadic):
     """Answer the metadata query / skip other stages / check the frame before execution:
-    `nargs` operands and `nrets` results (at least `nrets` unless `exact`)."""
+    `nargs` operands and `nrets` results (at least that many operands where `variadic` is
+    1, results where it is 2)."""
     # struct_size smaller than our mirror: an older XLA. On the metadata query this leaves
     # the version unset (0.0), so XLA refuses the registration instead of calling us later.
     if _load_i64(frame) < _CF_SIZE:
@@ -364,9 +365,10 @@ def _prologue(frame, nargs, nrets, exact):
     if _load_i32(frame + _CF_STAGE) != _STAGE_EXECUTE:
         return 0
     if (_load_i64(frame + _CF_ARGS) < _BUFS_SIZE or _load_i64(frame + _CF_RETS) < _BUFS_SIZE
-            or _load_i64(frame + _CF_ARGS + _BUFS_N) != nargs
+            or _load_i64(frame + _CF_ARGS + _BUFS_N) < nargs
             or _load_i64(frame + _CF_RETS + _BUFS_N) < nrets
-            or (exact and _load_i64(frame + _CF_RETS + _BUFS_N) != nrets)):
+            or (variadic != 1 and _load_i64(frame + _CF_ARGS + _BUFS_N) != nargs)
+            or (variadic != 2 and _load_i64(frame + _CF_RETS + _BUFS_N) != nrets)):
         return _make_error(api, _ERR_INVALID_ARGUMENT,
                            "tilecore FFI: wrong number of operands or results")
     return _RUN

@@ -31,68 +31,81 @@ from ._ffi_split import _SPLIT_HEADER
 Signature = Sequence[tuple[np.dtype, int]]  # (dtype, rank) of each operand or result
 
 
+VARIADIC_GROUPS = {"operands": (_CF_ARGS, 1), "results": (_CF_RETS, 2)}
+"""A variadic group's call-frame offset and its code for `_prologue`."""
+
+
 def handler_source(name: str, args: Signature, rets: Signature, split: bool = False,
-                   task_symbol: str = "", cache: bool = True, variadic: bool = False) -> str:
+                   task_symbol: str = "", cache: bool = True, variadic: str | None = None
+                   ) -> str:
     """The module source defining `handler` for kernel `name` (checks and views unrolled);
     a `split` one also defines `task`, the handler reading the task's address from the
-    process symbol `task_symbol` (compiled with numba's cache if `cache`). `variadic`: the
-    last result spec stands for one or more results, which the kernel receives as one
-    int64 table `[n, 1 + rank]` of each one's address and dimensions."""
-    fixed = list(rets[:-1]) if variadic else list(rets)
+    process symbol `task_symbol` (compiled with numba's cache if `cache`). `variadic`
+    ("operands" or "results"): the last spec of that group stands for one or more
+    buffers, which the kernel receives as one int64 table `[n, 1 + rank]` of each one's
+    address and dimensions, in that group's place (after the fixed ones)."""
+    fixed_args = list(args[:-1]) if variadic == "operands" else list(args)
+    fixed_rets = list(rets[:-1]) if variadic == "results" else list(rets)
+    code = VARIADIC_GROUPS[variadic][1] if variadic else 0
     head = ["def handler(frame):",
-            f"    status = _prologue(frame, {len(args)}, {len(fixed) + variadic}, {not variadic})",
+            f"    status = _prologue(frame, {len(fixed_args) + (variadic == 'operands')}, "
+            f"{len(fixed_rets) + (variadic == 'results')}, {code})",
             "    if status != _RUN:",
             "        return status",
             "    api = _load_i64(frame + _CF_API)"]
-    checks, views, names, stores, task_views = _buffers(name, args, fixed)
-    if variadic:
-        checks += _variadic_checks(name, len(fixed), rets[-1])
-        names.append("vt")
-    every = ", ".join(names)
-    if not split:
-        tail = _variadic_table(len(fixed), rets[-1][1]) if variadic else []
-        return "\n".join(head + checks + views + tail + _serial_call(name, every))
-    words: int | str = _SPLIT_HEADER + len(stores)
+    checks, views, names, stores, task_views = _buffers(name, fixed_args, fixed_rets)
+    tail: list[str] = []
     more: list[str] = []
+    words: int | str = _SPLIT_HEADER + len(stores)
     if variadic:
-        word, width = _SPLIT_HEADER + len(stores), 1 + rets[-1][1]
-        more = _variadic_stores(word, len(fixed), rets[-1][1])
+        group = VARIADIC_GROUPS[variadic][0]
+        first, spec = (len(fixed_args), args[-1]) if variadic == "operands" else (
+            len(fixed_rets), rets[-1])
+        checks += _variadic_checks(name, group, variadic, first, spec)
+        names.insert(len(fixed_args) if variadic == "operands" else len(names), "vt")
+        tail = _variadic_table(group, first, spec[1])
+        word, width = _SPLIT_HEADER + len(stores), 1 + spec[1]
+        more = _variadic_stores(group, word, first, spec[1])
         words = f"{word + 1} + {width} * nvar"
         task_views.append(f"    vt = numba.carray(_voidptr(state + {8 * (word + 1)}), "
                           f"(_load_i64(state + {8 * word}), {width}), np.int64)")
+    every = ", ".join(names)
+    if not split:
+        return "\n".join(head + checks + views + tail + _serial_call(name, every))
     return "\n".join(_task(every, task_views, cache) + head + checks
                      + _split_call(name, stores, words, task_symbol, more))
 
 
-def _variadic_checks(name: str, first: int, spec: tuple[np.dtype, int]) -> list[str]:
-    """Count the variadic results (`nvar`, from result `first` on) and check each."""
+def _variadic_checks(name: str, group: int, label: str, first: int,
+                     spec: tuple[np.dtype, int]) -> list[str]:
+    """Count the variadic buffers (`nvar`, from the group's buffer `first` on) and check each."""
     dtype, ndim = spec
-    message = f"{name}: result {first} and every one after it must be a {dtype.name} array " \
-              f"of rank {ndim}"
-    return [f"    nvar = _load_i64(frame + _CF_RETS + _BUFS_N) - {first}",
+    message = (f"{name}: {label[:-1]} {first} and every one after it must be a {dtype.name} "
+               f"array of rank {ndim}")
+    return [f"    nvar = _load_i64(frame + {group} + _BUFS_N) - {first}",
             "    for i in range(nvar):",
-            f"        if not _buffer_ok(_buffer(frame, _CF_RETS, {first} + i), "
+            f"        if not _buffer_ok(_buffer(frame, {group}, {first} + i), "
             f"{_DTYPE_CODES[dtype]}, {ndim}):",
             f"            return _make_error(api, {_ERR_INVALID_ARGUMENT}, {message!r})"]
 
 
-def _variadic_table(first: int, ndim: int) -> list[str]:
-    """The serial handler's table `vt` of the variadic results (address, then dimensions)."""
+def _variadic_table(group: int, first: int, ndim: int) -> list[str]:
+    """The serial handler's table `vt` of the variadic buffers (address, then dimensions)."""
     return [f"    vt = np.empty((nvar, {1 + ndim}), np.int64)",
             "    for i in range(nvar):",
-            f"        b = _buffer(frame, _CF_RETS, {first} + i)",
+            f"        b = _buffer(frame, {group}, {first} + i)",
             "        vt[i, 0] = _load_i64(b + _BUF_DATA)",
             f"        for axis in range({ndim}):",
             "            vt[i, 1 + axis] = _dim(b, axis)"]
 
 
-def _variadic_stores(word: int, first: int, ndim: int) -> list[str]:
+def _variadic_stores(group: int, word: int, first: int, ndim: int) -> list[str]:
     """A split handler's statements storing the variadic count at state word `word` and each
-    result's address and dimensions after it."""
+    buffer's address and dimensions after it."""
     width = 1 + ndim
     return [f"    _store_i64(state + {8 * word}, nvar)",
             "    for i in range(nvar):",
-            f"        b = _buffer(frame, _CF_RETS, {first} + i)",
+            f"        b = _buffer(frame, {group}, {first} + i)",
             f"        _store_i64(state + {8 * (word + 1)} + {8 * width} * i, "
             "_load_i64(b + _BUF_DATA))",
             f"        for axis in range({ndim}):",

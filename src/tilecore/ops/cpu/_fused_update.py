@@ -22,6 +22,7 @@ import pathlib
 import sys
 import tempfile
 import types
+from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
@@ -33,6 +34,7 @@ import numpy as np
 from ..._numba import source_stamp
 from ...optimizers import update_rule
 from ...specs import OptimizerSpec
+from .._activations import ActivationSlice
 from .._layout import StackLayout
 from .._rounding import Rounding
 from .._variables import EmbeddingVariables
@@ -59,11 +61,14 @@ def apply_row(r, acc, hf, hi, {outs}):
 
 
 @_jit
-def update_buffers(layout, which, row_pointers, embedding_ids, sample_ids, gains, grads, hf,
-                   hi, {ins}, {outs}, part, parts):
+def update_buffers(layout, which, row_pointers, embedding_ids, sample_ids, gains, slices, hf,
+                   hi, {ins}, grads, {outs}, part, parts):
     n, rows_per_shard, samples = layout[0], layout[3], layout[4]
     first, stop = rows_per_shard * part // parts, rows_per_shard * (part + 1) // parts
     period = rows_per_shard  # part owns local rows [first, stop) of every partition
+    grad_rows = _kernels.gradient_rows(layout, slices, grads, out_table.shape[1])
+    if grad_rows is None:
+        return 1
 {copies}
     bounds = _packed.run_bounds(layout, which, row_pointers, embedding_ids.shape[0])
     acc = np.empty(out_table.shape[1], np.float32)
@@ -75,8 +80,8 @@ def update_buffers(layout, which, row_pointers, embedding_ids, sample_ids, gains
             _segments.clip_runs(cursors, stops, embedding_ids, sample_ids, rows_per_shard, samples,
                                 first, stop)
             while True:
-                row = _segments.next_row(cursors, stops, embedding_ids, sample_ids, gains, grads,
-                                         rows_per_shard, samples, acc)
+                row = _segments.next_row(cursors, stops, embedding_ids, sample_ids, gains,
+                                         grad_rows, rows_per_shard, samples, acc)
                 if row < 0:
                     break
                 upcoming = _segments.upcoming_row(cursors, stops, embedding_ids, rows_per_shard)
@@ -92,7 +97,7 @@ def update_buffers(layout, which, row_pointers, embedding_ids, sample_ids, gains
             unique = np.empty(rows.shape[0], np.int32)
             sums = np.empty((rows.shape[0], acc.shape[0]), np.float32)
             count = np.zeros(1, np.int32)
-            _kernels._aggregate(rows, smp, gns, grads, unique, sums, count)
+            _kernels._aggregate(rows, smp, gns, grad_rows, unique, sums, count)
             for u in range(count[0]):
                 apply_row(base + unique[u], sums[u], hf, hi, {outs})
     return 0
@@ -208,8 +213,8 @@ def _kernels_for(rule: RuleSource, dtype: np.dtype) -> FusedKernels:
     hyper = [(f32, 1), (i32, 1)]
     buffers = register_kernel(
         f"tilecore_fused_update_buffers_{digest}", module.update_buffers,
-        args=[(i32, 1), (i32, 1), (i32, 1), (i32, 1), (i32, 1), (f32, 1), (f32, 2), *hyper,
-              *tables], rets=tables, split=True)
+        args=[(i32, 1), (i32, 1), (i32, 1), (i32, 1), (i32, 1), (f32, 1), (i32, 2), *hyper,
+              *tables, (f32, 2)], rets=tables, split=True, variadic="operands")
     rows = register_kernel(
         f"tilecore_fused_update_rows_{digest}", module.update_rows,
         args=[(i32, 1), (f32, 2), (i32, 1), *hyper, *tables], rets=tables, split=True)
@@ -266,16 +271,18 @@ def _variables(arrays: Any) -> EmbeddingVariables:
     return EmbeddingVariables(arrays[0], tuple(arrays[1:]))
 
 
-def fused_update_buffers(kernels: FusedKernels, flat: Any, grads: jax.Array,
-                         variables: EmbeddingVariables, layout: StackLayout, spec: OptimizerSpec,
-                         step: Any, clip: tuple[float, float] | None,
-                         which: jax.Array, rounding: Rounding | None = None
-                         ) -> EmbeddingVariables:
+def fused_update_buffers(kernels: FusedKernels, flat: Any, grads: Sequence[jax.Array],
+                         slices: Sequence[ActivationSlice], variables: EmbeddingVariables,
+                         layout: StackLayout, spec: OptimizerSpec, step: Any,
+                         clip: tuple[float, float] | None, which: jax.Array,
+                         rounding: Rounding | None = None) -> EmbeddingVariables:
     """One device's variables after the fused update from its own buffers (`which` =
-    [minibatch, minibatches]); `rounding` for a half-precision table."""
+    [minibatch, minibatches]), each slice's gradients read where they lie (no block of
+    them is built); `rounding` for a half-precision table."""
     hf, hi = _hyper_operands(spec, step, clip, variables.table.dtype, rounding)
     arrays = (variables.table, *variables.slots)
-    out = kernels.update_buffers(_kernels.layout_array(layout), which, *flat, grads, hf, hi, *arrays,
+    out = kernels.update_buffers(_kernels.layout_array(layout), which, *flat,
+                                 _kernels.slice_operand(slices), hf, hi, *arrays, *grads,
                                  results=_shapes(variables),
                                  input_output_aliases=_aliases(9, variables))
     return _variables(out)

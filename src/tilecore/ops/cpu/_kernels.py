@@ -73,8 +73,9 @@ def _scatter_rows_kernel(table, rows, values, out):
 
 
 @_jit
-def _aggregate(rows, samples, gains, grads, unique, sums, distinct):
-    """Sum `gains[i]·grads[samples[i]]` per distinct row (rows < 0 are skipped).
+def _aggregate(rows, samples, gains, grad_rows, unique, sums, distinct):
+    """Sum `gains[i]·grads[samples[i]]` per distinct row (rows < 0 are skipped), the
+    gradient rows given by address and width (`gradient_rows`, `block_rows`).
 
     Writes the distinct rows, ascending, to `unique` (the rest −1), their sums to
     `sums` (rows past the distinct count are undefined: their updates are
@@ -82,7 +83,7 @@ def _aggregate(rows, samples, gains, grads, unique, sums, distinct):
     passes) orders the entries by row.
     """
     n = rows.shape[0]
-    dim = grads.shape[1]
+    dim = sums.shape[1]
     order = np.empty(n, np.int32)
     scratch = np.empty(n, np.int32)
     count = 0
@@ -122,15 +123,50 @@ def _aggregate(rows, samples, gains, grads, unique, sums, distinct):
             for d in range(dim):
                 sums[u, d] = 0.0
         s = samples[i]
-        if 0 <= s < grads.shape[0]:  # a sample outside the gradients contributes nothing
-            add_scaled(row_address(sums, u), row_address(grads, s), gains[i], dim)
+        if 0 <= s < grad_rows.shape[0] and grad_rows[s, 0] != 0:  # else it adds nothing
+            add_scaled(row_address(sums, u), grad_rows[s, 0], gains[i], grad_rows[s, 1])
     distinct[0] = u + 1
     return 0
 
 
 @_jit
 def _row_gradients_kernel(rows, samples, gains, grads, unique, sums, distinct):
-    return _aggregate(rows, samples, gains, grads, unique, sums, distinct)
+    return _aggregate(rows, samples, gains, block_rows(grads), unique, sums, distinct)
+
+
+@_jit
+def block_rows(grads):
+    """The address and width of every row of a `[rows, dim]` gradient block."""
+    rows = np.empty((grads.shape[0], 2), np.int64)
+    for o in range(grads.shape[0]):
+        rows[o, 0] = row_address(grads, o)
+        rows[o, 1] = grads.shape[1]
+    return rows
+
+
+@_jit
+def gradient_rows(layout, slices, gradients, dim):
+    """The address and width of the gradient row of each row of the `[S·samples, dim]`
+    block, read from each slice's own gradients (`slices[k]`: first sample and number of
+    samples in each block; `gradients[k]`: address, rows, width of its `[S·count, width]`
+    array), address 0 for a row no slice takes. None if an array does not fit its slice,
+    or two slices overlap."""
+    sc, samples = layout[1], layout[4]
+    rows = np.zeros((sc * samples, 2), np.int64)
+    for k in range(slices.shape[0]):
+        start, count = slices[k, 0], slices[k, 1]
+        address, width = gradients[k, 0], gradients[k, 2]
+        if (start < 0 or count < 0 or start + count > samples or gradients[k, 1] != sc * count
+                or width < 0 or width > dim):
+            return None
+        for s in range(sc):
+            for i in range(count):
+                o = s * samples + start + i
+                if rows[o, 0] != 0:
+                    return None
+                rows[o, 0] = address + (s * count + i) * width * 4
+                rows[o, 1] = width
+    return rows
 
 
 @jit_inline
@@ -169,14 +205,13 @@ def _lookup_buffers_f16(layout, which, row_pointers, embedding_ids, sample_ids, 
 
 
 @_jit
-def _slice_table(layout, slices, outputs, dim, first, stop):
-    """Where the rows of the `[S·samples, dim]` block go, and the rows `[first, stop)` of
-    it zeroed there: per sample of a SparseCore's block the slice that takes it (−1 for
-    none; `slices[k]`: its first sample and number of samples in each block), and per
-    slice the address of its sample 0 in SparseCore 0 (before its output's first row), the
-    bytes from one SparseCore's rows to the next's and from one row to the next, and its
-    width (`outputs[k]`: address, rows, width). None if an output does not fit its slice
-    or two slices overlap."""
+def _slice_table(layout, slices, outputs, dim):
+    """Where the rows of the `[S·samples, dim]` block go: per sample of a SparseCore's block
+    the slice that takes it (−1 for none; `slices[k]`: its first sample and number of
+    samples in each block), and per slice the address of its sample 0 in SparseCore 0
+    (before its output's first row), the bytes from one SparseCore's rows to the next's and
+    from one row to the next, and its width (`outputs[k]`: address, rows, width). None if
+    an output does not fit its slice or two slices overlap."""
     sc, samples = layout[1], layout[4]
     owner = np.full(samples, -1, np.int32)
     where = np.empty((slices.shape[0], 4), np.int64)
@@ -192,12 +227,22 @@ def _slice_table(layout, slices, outputs, dim, first, stop):
             owner[i] = k
         where[k, 0] = address - start * width * 4
         where[k, 1], where[k, 2], where[k, 3] = count * width * 4, width * 4, width
-        for s in range(sc):  # this part's rows of the slice in each block: one run of bytes
+    return owner, where
+
+
+@_jit
+def _zero_rows(layout, slices, outputs, first, stop):
+    """Zero the rows of each slice's output that stacked rows `[first, stop)` go to (checked
+    by `_slice_table`): in each SparseCore's block one run of bytes per slice."""
+    samples = layout[4]
+    for k in range(slices.shape[0]):
+        start, count = slices[k, 0], slices[k, 1]
+        address, width = outputs[k, 0], outputs[k, 2]
+        for s in range(layout[1]):
             low = max(first - s * samples - start, 0)
             high = min(stop - s * samples - start, count)
             if low < high:
                 zero_bytes(address + (s * count + low) * width * 4, (high - low) * width * 4)
-    return owner, where
 
 
 @_jit
@@ -217,10 +262,11 @@ def _lookup_buffers(layout, which, row_pointers, embedding_ids, sample_ids, gain
     stop = n * (part + 1) // parts
     if slices.shape[0] != outputs.shape[0]:
         return 1
-    found = _slice_table(layout, slices, outputs, dim, first, stop)
+    found = _slice_table(layout, slices, outputs, dim)
     if found is None:
         return 1
     owner, where = found
+    _zero_rows(layout, slices, outputs, first, stop)
     # The slice of the last entry, and where its rows go: the next entry's too while its
     # sample is in that slice's range (runs of one table's rows, one feature's samples).
     low, high, address, block, stride, width = 0, 0, 0, 0, 0, 0
@@ -279,9 +325,10 @@ def _buffer_entries(layout, which, row_pointers, embedding_ids, sample_ids, gain
 @_jit
 def _row_gradients_buffers_kernel(layout, which, row_pointers, embedding_ids, sample_ids, gains,
                                   grads, unique, sums, distinct):
+    """`_aggregate` of one pass over a device's buffers, its gradients one block."""
     rows, samples, entry_gains = _buffer_entries(layout, which, row_pointers, embedding_ids,
                                                  sample_ids, gains, unique.shape[0])
-    return _aggregate(rows, samples, entry_gains, grads, unique, sums, distinct)
+    return _aggregate(rows, samples, entry_gains, block_rows(grads), unique, sums, distinct)
 
 
 _f32, _i32 = np.float32, np.int32
@@ -296,7 +343,7 @@ _LOOKUP_KERNELS = {FLOAT32: _lookup_buffers_kernel, BFLOAT16: _lookup_buffers_bf
 LOOKUP_BUFFERS = {t: register_kernel(
     f"tilecore_lookup_buffers{suffix}", _LOOKUP_KERNELS[source_format],
     args=[(_i32, 1), (_i32, 1), (_i32, 1), (_i32, 1), (_i32, 1), (_f32, 1), (t, 2), (_i32, 2)],
-    rets=[(_f32, 2)], split=True, variadic=True)
+    rets=[(_f32, 2)], split=True, variadic="results")
     for t, (suffix, source_format) in TABLE_FORMATS.items()}
 """Table dtype → the lookup kernel of its rows (float32, bfloat16, float16): one result per
 slice of the block it is asked for."""
@@ -365,9 +412,15 @@ def lookup_buffers(flat: FlatBuffers, table: jax.Array, layout: StackLayout,
     where each slice's `[S·samples, width]` result lies."""
     results = [jax.ShapeDtypeStruct((layout.sc_per_device * count, width), np.float32)
                for _, count, width in slices]
-    where = np.array([(first, count) for first, count, _ in slices], np.int32).reshape(-1, 2)
     return LOOKUP_BUFFERS[np.dtype(table.dtype)](layout_array(layout), passes(num_minibatches),
-                                                 *flat, table, where, results=results)
+                                                 *flat, table, slice_operand(slices),
+                                                 results=results)
+
+
+def slice_operand(slices: Sequence[ActivationSlice]) -> np.ndarray:
+    """The `[n, 2]` operand of the slices' first samples and counts the kernels that read or
+    write one array per slice take (with the arrays' addresses and shapes from XLA)."""
+    return np.array([(first, count) for first, count, _ in slices], np.int32).reshape(-1, 2)
 
 
 def row_gradients_buffers(flat: FlatBuffers, grads: jax.Array, layout: StackLayout,

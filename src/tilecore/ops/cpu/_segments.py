@@ -18,7 +18,7 @@ import numpy as np
 
 from ..._numba import njit
 from ._kernels import entry_in_range
-from ._vector import add_scaled, row_address
+from ._vector import add_scaled
 
 _jit = njit(nogil=True, cache=True, error_model="numpy", boundscheck=False)
 
@@ -73,12 +73,13 @@ def runs_sorted(bounds, p, embedding_ids, sample_ids, rows_per_shard, samples):
 
 
 @_jit
-def next_row(cursors, stops, embedding_ids, sample_ids, gains, grads, rows_per_shard, samples,
-             acc):
+def next_row(cursors, stops, embedding_ids, sample_ids, gains, grad_rows, rows_per_shard,
+             samples, acc):
     """The next (smallest) local row of the runs at `cursors`, with `acc` = its gradient.
 
     Advances every cursor past the row's entries; returns −1 when the runs are spent.
-    `acc[d] = Σ gain·grads[s·samples + sample, d]` over the row's entries, in run order.
+    `acc[d] = Σ gain·grads[s·samples + sample, d]` over the row's entries, in run order,
+    the gradient rows by address and width (`_kernels.gradient_rows`; 0: none, adds nothing).
     """
     best = rows_per_shard
     for s in range(cursors.shape[0]):
@@ -103,8 +104,9 @@ def next_row(cursors, stops, embedding_ids, sample_ids, gains, grads, rows_per_s
             if entry_in_range(row, sample_ids[j], rows_per_shard, samples):
                 if row != best:
                     break
-                add_scaled(acc_address, row_address(grads, base + sample_ids[j]), gains[j],
-                           dim)
+                o = base + sample_ids[j]
+                if grad_rows[o, 0] != 0:
+                    add_scaled(acc_address, grad_rows[o, 0], gains[j], grad_rows[o, 1])
             j += 1
         cursors[s] = j
     return best

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from ...specs import OptimizerSpec
-from .._activations import ActivationSlice
+from .._activations import ActivationSlice, stack_slices
 from .._backend import FlatBuffers, RowGradients, Wing
 from .._layout import StackLayout
 from .._rounding import Rounding
@@ -77,31 +77,34 @@ def _lookup_local(flat: FlatBuffers, table: jax.Array, layout: StackLayout,
     return lookup_buffers(flat, table, layout, num_minibatches, slices)
 
 
-def _update_local(flat: FlatBuffers, grads: jax.Array, variables: EmbeddingVariables,
+def _update_local(flat: FlatBuffers, grads: Sequence[jax.Array],
+                  slices: Sequence[ActivationSlice], variables: EmbeddingVariables,
                   layout: StackLayout, spec: OptimizerSpec, step: Any,
                   clip: tuple[float, float] | None, num_minibatches: jax.Array,
                   rounding: Rounding | None = None) -> EmbeddingVariables:
     """One device's update; minibatched buffers one minibatch at a time (the optimizer
     runs once per minibatch, as on the reference system). An elementwise rule runs
-    fused with the gradient sums, one pass over the sorted buffers (a half-precision
-    table too, see `apply_update`)."""
+    fused with the gradient sums, one pass over the sorted buffers reading each slice's
+    gradients where they lie (a half-precision table too, see `apply_update`); another
+    rule sums the gradients of a block of them first."""
     kernels = fused_kernels(spec, variables.table.dtype)
     if kernels is not None:
         if not layout.minibatched:
-            return fused_update_buffers(kernels, flat, grads, variables, layout, spec, step,
-                                        clip, passes(1), rounding)
+            return fused_update_buffers(kernels, flat, grads, slices, variables, layout, spec,
+                                        step, clip, passes(1), rounding)
 
         def fused(minibatch: jax.Array, variables: EmbeddingVariables) -> EmbeddingVariables:
-            return fused_update_buffers(kernels, flat, grads, variables, layout, spec, step,
-                                        clip, passes(num_minibatches, minibatch), rounding)
+            return fused_update_buffers(kernels, flat, grads, slices, variables, layout, spec,
+                                        step, clip, passes(num_minibatches, minibatch), rounding)
 
         return jax.lax.fori_loop(0, num_minibatches, fused, variables)
+    block = stack_slices(grads, layout, slices)
     if not layout.minibatched:
-        unique, sums, count = row_gradients_buffers(flat, grads, layout)
+        unique, sums, count = row_gradients_buffers(flat, block, layout)
         return apply_update(variables, unique, sums, spec, step, clip, count, rounding)
 
     def body(minibatch: jax.Array, variables: EmbeddingVariables) -> EmbeddingVariables:
-        unique, sums, count = row_gradients_buffers(flat, grads, layout, minibatch,
+        unique, sums, count = row_gradients_buffers(flat, block, layout, minibatch,
                                                     num_minibatches)
         return apply_update(variables, unique, sums, spec, step, clip, count, rounding)
 

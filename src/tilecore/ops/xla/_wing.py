@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from ...specs import OptimizerSpec
-from .._activations import ActivationSlice, take_slices
+from .._activations import ActivationSlice, stack_slices, take_slices
 from .._backend import FlatBuffers, RowGradients, Wing
 from .._checks import quantize
 from .._layout import StackLayout
@@ -95,21 +95,24 @@ def pooled_locally(kernels: Wing, flat: FlatBuffers, table: jax.Array, layout: S
                         per_device, layout.quantization)
 
 
-def update_local(flat: FlatBuffers, grads: jax.Array, variables: EmbeddingVariables,
+def update_local(flat: FlatBuffers, grads: Sequence[jax.Array],
+                 slices: Sequence[ActivationSlice], variables: EmbeddingVariables,
                  layout: StackLayout, spec: OptimizerSpec, step: Any,
                  clip: tuple[float, float] | None, num_minibatches: jax.Array,
                  rounding: Rounding | None) -> EmbeddingVariables:
     """One device's update (see `updated_locally`)."""
-    return updated_locally(WING, flat, grads, variables, layout, spec, step, clip,
+    return updated_locally(WING, flat, grads, slices, variables, layout, spec, step, clip,
                            num_minibatches, rounding)
 
 
-def updated_locally(kernels: Wing, flat: FlatBuffers, grads: jax.Array,
-                    variables: EmbeddingVariables, layout: StackLayout, spec: OptimizerSpec,
-                    step: Any, clip: tuple[float, float] | None, num_minibatches: jax.Array,
+def updated_locally(kernels: Wing, flat: FlatBuffers, grads: Sequence[jax.Array],
+                    slices: Sequence[ActivationSlice], variables: EmbeddingVariables,
+                    layout: StackLayout, spec: OptimizerSpec, step: Any,
+                    clip: tuple[float, float] | None, num_minibatches: jax.Array,
                     rounding: Rounding | None) -> EmbeddingVariables:
     """One device's update by `kernels.row_gradients` and `kernels.apply_update` (this
-    wing's, or another's that shares the rest of this one). Every occurrence of a row
+    wing's, or another's that shares the rest of this one), from the slices' gradients
+    stacked into one block. Every occurrence of a row
     lies in one minibatch (preprocessing buckets rows by hash), so the minibatches
     update disjoint rows and minibatched buffers are applied in a single pass: the same
     result as a pass per minibatch, at about the standard layout's cost, without a loop
@@ -120,7 +123,8 @@ def updated_locally(kernels: Wing, flat: FlatBuffers, grads: jax.Array,
     else:
         entries = received_entries(flat, layout, None)
         source = sources(entries)
-    return update_rows(entries, source, grads, variables, layout, spec, step, None, clip,
+    block = stack_slices(grads, layout, slices)
+    return update_rows(entries, source, block, variables, layout, spec, step, None, clip,
                        kernels, rounding)
 
 
