@@ -144,6 +144,15 @@ def block_rows(grads):
     return rows
 
 
+@jit_inline
+def _fits(layout, slices, arrays, k, dim):
+    """Whether slice `k` (`slices[k]`: first sample, number of samples) lies in a SparseCore's
+    block and `arrays[k]` (address, rows, width) is its `[S·count, width ≤ dim]` array."""
+    start, count, width = slices[k, 0], slices[k, 1], arrays[k, 2]
+    return (start >= 0 and count >= 0 and start + count <= layout[4]
+            and arrays[k, 1] == layout[1] * count and 0 <= width <= dim)
+
+
 @_jit
 def gradient_rows(layout, slices, gradients, dim):
     """The address and width of the gradient row of each row of the `[S·samples, dim]`
@@ -154,11 +163,10 @@ def gradient_rows(layout, slices, gradients, dim):
     sc, samples = layout[1], layout[4]
     rows = np.zeros((sc * samples, 2), np.int64)
     for k in range(slices.shape[0]):
+        if not _fits(layout, slices, gradients, k, dim):
+            return None
         start, count = slices[k, 0], slices[k, 1]
         address, width = gradients[k, 0], gradients[k, 2]
-        if (start < 0 or count < 0 or start + count > samples or gradients[k, 1] != sc * count
-                or width < 0 or width > dim):
-            return None
         for s in range(sc):
             for i in range(count):
                 o = s * samples + start + i
@@ -212,15 +220,13 @@ def _slice_table(layout, slices, outputs, dim):
     (before its output's first row), the bytes from one SparseCore's rows to the next's and
     from one row to the next, and its width (`outputs[k]`: address, rows, width). None if
     an output does not fit its slice or two slices overlap."""
-    sc, samples = layout[1], layout[4]
-    owner = np.full(samples, -1, np.int32)
+    owner = np.full(layout[4], -1, np.int32)
     where = np.empty((slices.shape[0], 4), np.int64)
     for k in range(slices.shape[0]):
+        if not _fits(layout, slices, outputs, k, dim):
+            return None
         start, count = slices[k, 0], slices[k, 1]
         address, width = outputs[k, 0], outputs[k, 2]
-        if (start < 0 or count < 0 or start + count > samples or outputs[k, 1] != sc * count
-                or width < 0 or width > dim):
-            return None
         for i in range(start, start + count):
             if owner[i] >= 0:
                 return None
