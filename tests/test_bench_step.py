@@ -132,6 +132,7 @@ def test_bench_step_runs_fbgemm_on_the_same_batches(tmp_path: Path, dtype: str) 
     assert result["peer_step_ratio"] == pytest.approx(result["peer_step_ms"] / result["step_ms"])
     assert "fbgemm" in result["peer_versions"]
     assert 0 < result["peer_step_peak_rss_mb"] <= result["peer_peak_rss_mb"]
+    assert 0 < result["peer_file_rss_mb"] < result["peer_step_peak_rss_mb"]
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
@@ -165,6 +166,7 @@ def test_forward_bandwidth_is_reported(tmp_path: Path) -> None:
         result["update_gb_s"] / result["copy_bandwidth_gb_s"])
     # The timed calls' peak holds the tables and batches, and is part of the run's.
     assert 0 < result["step_peak_rss_mb"] <= result["peak_rss_mb"] + 1
+    assert 0 <= result["file_rss_mb"] < result["step_peak_rss_mb"]  # the code is part of it
     # Whole 2 MiB pages of the variables (26 tables of 1,000 rows of 32 floats, one Adagrad
     # slot each) moved onto huge pages, where the kernel has them.
     moved = round(result["huge_pages_gb"] * 1e9)

@@ -30,6 +30,12 @@ def _status_kib(field: str) -> int | None:
     return None
 
 
+def mapped_file_mb() -> float:
+    """Resident MB of this process's file mappings (`RssFile`: its libraries' code and
+    data, which the kernel can drop and read again), 0 where /proc does not say."""
+    return (_status_kib("RssFile") or 0) / 1024
+
+
 def _reset_peak() -> bool:
     try:
         with open("/proc/self/clear_refs", "w") as f:

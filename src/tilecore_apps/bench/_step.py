@@ -25,7 +25,7 @@ from .._common import (
     write_json,
 )
 from ._machine import machine_facts
-from ._memory import PeakProbe
+from ._memory import PeakProbe, mapped_file_mb
 from ._timing import median_seconds
 
 DEFAULT_AXIS = "sparsecore"  # tilecore.ops.DEFAULT_AXIS (not imported: it loads JAX)
@@ -198,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
     result.update(minibatching=args.minibatching,
                   num_minibatches=[int(np.max(b.num_minibatches)) for b, _ in prepped])
     result.update(peak_rss_mb=peak_mb, step_peak_rss_mb=times.step_peak_mb,
+                  file_rss_mb=times.file_mb,
                   huge_pages_gb=times.huge_page_bytes / 1e9, **peer)
     result.update(ids_per_batch=ids, forward_ids_per_s=ids / forward_s, ids_per_s=ids / step_s,
                   dropped_ids=sum(stats.dropped_ids for _, stats in prepped),
@@ -236,6 +237,7 @@ def _peer(args: argparse.Namespace, features: list[tc.FeatureSpec],
     out.update(peer_forward_ms=peer["forward_s"] * 1e3, peer_step_ms=peer["step_s"] * 1e3,
                peer_threads=peer["threads"], peer_peak_rss_mb=peer["peak_rss_mb"],
                peer_step_peak_rss_mb=peer["step_peak_rss_mb"],
+               peer_file_rss_mb=peer["file_rss_mb"],
                peer_versions=f"torch {peer['torch_version']}, fbgemm {peer['fbgemm_version']}",
                peer_weights_precision=peer["weights_precision"],
                peer_forward_ratio=peer["forward_s"] / forward_s,
@@ -261,6 +263,7 @@ class FusedTimes(NamedTuple):
     setup_peak_mb: float
     step_peak_mb: float
     huge_page_bytes: int
+    file_mb: float
 
 
 def _time_fused(plan: tc.StackingPlan, prepped: list[tc.PreprocessedBatch], mesh: Any,
@@ -300,9 +303,10 @@ def _time_fused(plan: tc.StackingPlan, prepped: list[tc.PreprocessedBatch], mesh
     forward_s = median_seconds(lambda i: forward_call(warmup + i), warmup=0, repeats=repeats)
     step_s = median_seconds(lambda i: step_call(warmup + i), warmup=0, repeats=repeats)
     peak_mb = probe.peak_bytes() / 2**20
+    file_mb = mapped_file_mb()
     state.clear()
     gc.collect()  # the tables go; the rest before the naive step runs
-    return FusedTimes(forward_s, step_s, setup_peak_mb, peak_mb, moved)
+    return FusedTimes(forward_s, step_s, setup_peak_mb, peak_mb, moved, file_mb)
 
 
 def _result(args: argparse.Namespace, batch_size: int, stacks: int, forward_s: float,
@@ -351,7 +355,8 @@ def _print(r: dict[str, Any]) -> None:
                  f"{r['update_ms']:.2f} ms) {r['update_gb_s']:.1f} GB/s, "
                  f"{100 * r['update_fraction_of_copy']:.0f}%",
               f"  peak memory of the timed calls "
-              f"{r['step_peak_rss_mb']:,.0f} MB (of the run {r['peak_rss_mb']:,.0f} MB); "
+              f"{r['step_peak_rss_mb']:,.0f} MB, {r['file_rss_mb']:,.0f} MB of it mapped files "
+              f"(library code; of the run {r['peak_rss_mb']:,.0f} MB); "
               + (f"variables on huge pages: {r['huge_pages_gb'] * 1e3:,.0f} MB"
                  if r["huge_pages_gb"]
                  else "variables on 4 KiB pages")]
@@ -364,7 +369,8 @@ def _print(r: dict[str, Any]) -> None:
                  ids / r["peer_step_ms"] * 1e3),
             f"  FBGEMM time / tilecore time: forward {r['peer_forward_ratio']:.2f}x, step "
             f"{r['peer_step_ratio']:.2f}x ({r['peer_threads']} threads, {r['peer_versions']}, "
-            f"peak memory of the timed calls {r['peer_step_peak_rss_mb']:,.0f} MB, of the run "
+            f"peak memory of the timed calls {r['peer_step_peak_rss_mb']:,.0f} MB, "
+            f"{r['peer_file_rss_mb']:,.0f} MB of it mapped files, of the run "
             f"{r['peer_peak_rss_mb']:,.0f} MB, "
             f"{'on huge pages' if r['huge_pages_gb'] else 'on 4 KiB pages'})",
         ]

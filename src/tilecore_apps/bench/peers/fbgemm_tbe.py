@@ -16,7 +16,8 @@ with the optimizer fused (exact, on the touched rows; half tables rounded
 stochastically). Times are medians of `repeats` calls after `warmup` ones of the
 forward and then of the step; `peak_rss_mb` is the process's peak resident memory,
 `step_peak_rss_mb` its peak during the timed calls (the high-water mark is reset once
-the tables and batches are built and the warm-up calls ran, as tilecore's side does).
+the tables and batches are built and the warm-up calls ran, as tilecore's side does),
+`file_rss_mb` the part of the resident set that maps files (torch's and FBGEMM's code).
 """
 
 from __future__ import annotations
@@ -39,14 +40,19 @@ def _median_seconds(call, warmup: int, repeats: int) -> float:
     return float(np.median(times))
 
 
+def _status_mb(field: str) -> float:
+    """A field of /proc/self/status in MB (NaN if absent)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def _peak_rss_mb() -> float:
     """This process's peak resident memory (VmHWM: unlike ru_maxrss, not inherited from
     the parent that started it)."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
+    return _status_mb("VmHWM")
 
 
 def _reset_peak_rss() -> None:
@@ -124,11 +130,13 @@ def main(batches_path: str, result_path: str) -> None:
     forward_s = _median_seconds(lambda i: forward(warmup + i), 0, repeats)
     step_s = _median_seconds(lambda i: step(warmup + i), 0, repeats)
     step_peak_rss_mb = _peak_rss_mb()
+    file_rss_mb = _status_mb("RssFile")
     import fbgemm_gpu
 
     result = {
         "forward_s": forward_s, "step_s": step_s, "threads": torch.get_num_threads(),
         "peak_rss_mb": max(peak_rss_mb, step_peak_rss_mb), "step_peak_rss_mb": step_peak_rss_mb,
+        "file_rss_mb": file_rss_mb,
         "torch_version": torch.__version__,
         "fbgemm_version": getattr(fbgemm_gpu, "__version__", "unknown"),
         "optimizer": str(optimizer),
