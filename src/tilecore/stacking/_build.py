@@ -66,24 +66,10 @@ def place_tables(
     return settings
 
 
-def build_stack(
-    name: str,
-    tables: Sequence[TableSpec],
-    features_by_table: Mapping[str, Sequence[FeatureSpec]],
-    feature_order: Sequence[str],
-    topology: Topology,
-    *,
-    rotation: int | None = None,
-    stack_limits: LimitsForStack | None = None,
-    fail_on_excess_padding: bool = False,
-) -> tuple[StackSpec, dict[str, TableSetting], dict[str, FeatureSetting]]:
-    """Stack `tables` (in this order) with their features placed in `feature_order`.
-
-    Table k gets rotation `k·rotation mod N` and starts, in every shard, after the
-    padded rows of tables 0..k−1. Features get consecutive row offsets in
-    `feature_order`. A single table keeps its own limits; several tables take
-    `stack_limits(name, samples)` or, by default, the sums of their limits.
-    """
+def _check_stackable(name: str, tables: Sequence[TableSpec], fail_on_excess_padding: bool
+                     ) -> None:
+    """Raise unless `tables` can share one stack: one optimizer, combiner, quantization and
+    storage format (and, with `fail_on_excess_padding`, one padded width)."""
     first = tables[0]
     for table in tables[1:]:
         if table.optimizer != first.optimizer or table.combiner != first.combiner:
@@ -109,9 +95,50 @@ def build_stack(
             f"{ {t.name: padded_dim(t) for t in tables} }; stacking them pads every row to "
             f"{max(dims)}. Group tables of equal padded width, or pass fail_on_excess_padding=False."
         )
+
+
+def _stack_limits(name: str, tables: Sequence[TableSpec], topology: Topology, samples: int,
+                  stack_limits: LimitsForStack | None) -> tuple[int, int, int | None]:
+    """(max IDs, max unique IDs, suggested buffer size) of a stack of `tables` with `samples`
+    samples: a single table's own, else `stack_limits(name, samples)`, else the sums of
+    the tables' limits (the buffer size never past what those limits can fill)."""
+    first = tables[0]
+    if len(tables) == 1:
+        return (first.max_ids_per_partition, first.max_unique_ids_per_partition,
+                first.suggested_coo_buffer_size_per_device)
+    if stack_limits is not None:
+        max_ids, max_unique = check_stack_limits(name, samples, stack_limits(name, samples))
+        return max_ids, max_unique, None
+    max_ids, max_unique, suggested = summed_table_limits(tables)
+    if suggested is not None:
+        theoretical = round_up(max_ids, 8) * topology.sc_per_device * topology.num_partitions
+        suggested = min(suggested, theoretical)
+    return max_ids, max_unique, suggested
+
+
+def build_stack(
+    name: str,
+    tables: Sequence[TableSpec],
+    features_by_table: Mapping[str, Sequence[FeatureSpec]],
+    feature_order: Sequence[str],
+    topology: Topology,
+    *,
+    rotation: int | None = None,
+    stack_limits: LimitsForStack | None = None,
+    fail_on_excess_padding: bool = False,
+) -> tuple[StackSpec, dict[str, TableSetting], dict[str, FeatureSetting]]:
+    """Stack `tables` (in this order) with their features placed in `feature_order`.
+
+    Table k gets rotation `k·rotation mod N` and starts, in every shard, after the
+    padded rows of tables 0..k−1. Features get consecutive row offsets in
+    `feature_order`. A single table keeps its own limits; several tables take
+    `stack_limits(name, samples)` or, by default, the sums of their limits.
+    """
+    first = tables[0]
+    _check_stackable(name, tables, fail_on_excess_padding)
     n = topology.num_partitions
     rotation = topology.sc_per_device if rotation is None else rotation
-    stack_dim = max(dims)
+    stack_dim = max(padded_dim(t) for t in tables)
 
     table_settings = place_tables(
         name, {t.name: padded_vocab(t, topology) for t in tables}, stack_dim, n, rotation
@@ -131,17 +158,8 @@ def build_stack(
         )
         row_offset += feature.batch_size
 
-    if len(tables) == 1:
-        max_ids, max_unique = first.max_ids_per_partition, first.max_unique_ids_per_partition
-        suggested = first.suggested_coo_buffer_size_per_device
-    elif stack_limits is not None:
-        (max_ids, max_unique), suggested = (
-            check_stack_limits(name, row_offset, stack_limits(name, row_offset)), None)
-    else:
-        max_ids, max_unique, suggested = summed_table_limits(tables)
-        if suggested is not None:  # never past what the summed limits can fill
-            theoretical = round_up(max_ids, 8) * topology.sc_per_device * n
-            suggested = min(suggested, theoretical)
+    max_ids, max_unique, suggested = _stack_limits(name, tables, topology, row_offset,
+                                                   stack_limits)
     stack = StackSpec(
         name=name, vocab_size=offset * n, embedding_dim=stack_dim, optimizer=first.optimizer,
         combiner=first.combiner, quantization=first.quantization, total_sample_count=row_offset,
