@@ -30,7 +30,7 @@ from ._input import Inputs, measure_input_rate
 from ._model import init_params
 from ._profile import annotate, maybe_trace
 from ._progress import Progress
-from ._run import Hooks, evaluate_all, run_steps
+from ._run import Hooks, LoopStats, evaluate_all, run_steps
 from ._step import click_stages, make_eval_step
 from ._summary import LoadTracker, TrainSummary
 from ._tables import init_variables, uniform_init
@@ -145,9 +145,19 @@ def train(source: ClickSource, config: TrainConfig, *, progress: TextIO | None =
                 step, state, hooks, plan=plan, start=start.step, steps=config.steps,
                 eval_every=config.eval_every, checkpoint_every=config.checkpoint_every,
                 bar=bar, load=load)
-    run_steps_count = config.steps - start.step
+    summary = _summary(source, config, plan, report, stats, load, start.step,
+                       setup_seconds=setup_s, seconds=time.perf_counter() - t_start)
+    return TrainResult(summary=summary, state=state, plan=plan)
+
+
+def _summary(source: ClickSource, config: TrainConfig, plan: StackingPlan, report: TuneReport,
+             stats: LoopStats, load: LoadTracker, start_step: int, *, setup_seconds: float,
+             seconds: float) -> TrainSummary:
+    """What a run did, from its steps' statistics (`run_steps`), the partition load and the
+    FDO report; throughput from the timed steps (the first, which compiles, left out)."""
+    run_steps_count = config.steps - start_step
     timed = stats.timed_seconds
-    summary = TrainSummary(
+    return TrainSummary(
         steps=config.steps, batch_size=source.batch_size,
         examples_per_s=((run_steps_count - 1) * source.batch_size / timed
                         if run_steps_count > 1 and timed > 0 else float("nan")),
@@ -160,9 +170,9 @@ def train(source: ClickSource, config: TrainConfig, *, progress: TextIO | None =
         eval_seconds=stats.eval_seconds, topology=str(config.topology),
         devices=config.topology.global_devices, sc_per_device=config.topology.sc_per_device,
         optimizer=type(config.table_optimizer).__name__, pipelining=config.pipelining,
-        limits=_limits(plan), partition_load=load.result(), setup_seconds=setup_s,
+        limits=_limits(plan), partition_load=load.result(), setup_seconds=setup_seconds,
         fdo_rounds=report.rounds, fdo_drops_per_round=report.drops_per_round,
-        seconds=time.perf_counter() - t_start, start_step=start.step,
+        seconds=seconds, start_step=start_step,
         checkpoint=stats.checkpoint,
         checkpoint_seconds=stats.checkpoint_seconds,
         input_wait_seconds=stats.input_wait_seconds,
@@ -173,7 +183,6 @@ def train(source: ClickSource, config: TrainConfig, *, progress: TextIO | None =
                f"{config.input_processes} processes" if config.input_processes else "threads"),
         bad_rows=source.bad_rows if isinstance(source, StreamedClicks) else 0,
     )
-    return TrainResult(summary=summary, state=state, plan=plan)
 
 
 def input_rate(source: ClickSource, config: TrainConfig, *, batches: int = 100) -> float:
