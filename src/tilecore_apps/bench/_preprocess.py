@@ -10,6 +10,7 @@ import statistics
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -102,13 +103,35 @@ def _positive(parser_name: str, **values: int) -> None:
             raise ValueError(f"{parser_name}: --{name} must be >= 1, got {value}.")
 
 
-def run(args: argparse.Namespace) -> int:
+def _check(args: argparse.Namespace) -> None:
     _positive("bench preprocess", repeats=args.repeats, warmup=args.warmup, batches=args.batches)
     if args.device and args.minibatching != "off":
         raise ValueError("bench preprocess: --device needs --minibatching off (device "
                          "preprocessing does not minibatch).")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}.")
+
+
+def _time_calls(call: Callable[[int], tc.PreprocessedBatch], ids: list[int], warmup: int,
+                repeats: int) -> tuple[list[float], list[float], int]:
+    """Seconds and IDs/s of each of `repeats` calls after `warmup` untimed ones, and the
+    largest output's bytes (each output dropped before the next call)."""
+    for i in range(warmup):
+        call(i)
+    seconds, rates, output_bytes = [], [], 0
+    for i in range(repeats):
+        t0 = time.perf_counter()
+        out = call(i)
+        dt = time.perf_counter() - t0
+        seconds.append(dt)
+        rates.append(ids[i % len(ids)] / dt)
+        output_bytes = max(output_bytes, _nbytes(out))
+        del out
+    return seconds, rates, output_bytes
+
+
+def run(args: argparse.Namespace) -> int:
+    _check(args)
     topology = parse_topology(args.topology)
     sizes = {} if args.batch_size is None else {"batch_size": args.batch_size}
     workload = data.get_workload(args.workload, seed=args.seed, **sizes)
@@ -136,17 +159,7 @@ def run(args: argparse.Namespace) -> int:
             raise RuntimeError(f"bench dropped {stats.dropped_ids} IDs after calibration.")
         return out
 
-    for i in range(args.warmup):
-        call(i)
-    seconds, rates, output_bytes = [], [], 0
-    for i in range(args.repeats):
-        t0 = time.perf_counter()
-        out = call(i)
-        dt = time.perf_counter() - t0
-        seconds.append(dt)
-        rates.append(ids[i % len(batches)] / dt)
-        output_bytes = max(output_bytes, _nbytes(out))
-        del out
+    seconds, rates, output_bytes = _time_calls(call, ids, args.warmup, args.repeats)
     peak_extra = probe.extra_bytes()
 
     result = {
