@@ -18,8 +18,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from ..ops import DEFAULT_AXIS
 from ..preprocessing import FeatureInput, PreprocessedBatch, Ragged
+from ..specs import DEFAULT_AXIS
 
 T = TypeVar("T")
 

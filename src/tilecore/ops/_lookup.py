@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ..preprocessing import PreprocessedBatch, StackBuffers
+from ..specs import DEFAULT_AXIS
 from ..stacking import StackingPlan
 from . import _checks as checks
 from ._activations import feature_slices, whole_block
@@ -20,8 +21,6 @@ from ._eager import ByIdentity, should_jit
 from ._layout import stack_layouts
 from ._per_device import lookup_stack
 from ._variables import EmbeddingVariables
-
-DEFAULT_AXIS = "sparsecore"
 
 
 def on_mesh(mesh: Mesh, axis: str, *trees: object) -> tuple:

@@ -18,12 +18,14 @@ from ._tables import FeatureSpec as FeatureSpec
 from ._tables import Initializer as Initializer
 from ._tables import QuantizationConfig as QuantizationConfig
 from ._tables import TableSpec as TableSpec
+from ._topology import DEFAULT_AXIS as DEFAULT_AXIS
 from ._topology import Topology as Topology
 from ._weights_dtype import WEIGHTS_DTYPES as WEIGHTS_DTYPES
 
 __all__ = [
     "COMBINERS",
     "DEFAULT_ACTIVATION_MEM_BYTES_LIMIT",
+    "DEFAULT_AXIS",
     "F2A",
     "FTRL",
     "SGD",

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
+DEFAULT_AXIS = "sparsecore"
+"""The name of the device mesh axis tables and batches are split over, unless a call names
+another (`tilecore.ops`, `tilecore.distributed`, the layers and pipelining)."""
+
 
 def _is_power_of_two(n: int) -> bool:
     return n >= 1 and n & (n - 1) == 0

@@ -14,7 +14,7 @@ import numpy as np
 
 import tilecore as tc
 from tilecore import data
-from tilecore.specs import WEIGHTS_DTYPES
+from tilecore.specs import DEFAULT_AXIS, WEIGHTS_DTYPES  # (not tilecore.ops: it loads JAX)
 
 from .._common import (
     add_threads_option,
@@ -27,8 +27,6 @@ from .._common import (
 from ._machine import machine_facts
 from ._memory import PeakProbe, mapped_file_mb
 from ._timing import median_seconds
-
-DEFAULT_AXIS = "sparsecore"  # tilecore.ops.DEFAULT_AXIS (not imported: it loads JAX)
 
 OPTIMIZER_NAMES = ("sgd", "adagrad", "adagrad_momentum", "adam", "ftrl", "laprop")
 WEIGHTS_DTYPE_NAMES = tuple(d.name for d in WEIGHTS_DTYPES)
