@@ -44,6 +44,14 @@ def add_parser(subparsers: Any) -> None:
             "--resume continues the newest run (or --out's) and --overwrite starts --out "
             "over."),
     )
+    _add_model_options(p)
+    _add_input_options(p)
+    _add_output_options(p)
+    p.set_defaults(run=run)
+
+
+def _add_model_options(p: argparse.ArgumentParser) -> None:
+    """Steps, batches, evaluation, optimizers and the tables' sizes."""
     p.add_argument("--steps", type=positive_int, default=1000,
                    help="steps to train in this run (default 1000); with --resume, steps "
                         "added to the checkpoint's (resuming step 1000 with --steps 500 "
@@ -68,6 +76,10 @@ def add_parser(subparsers: Any) -> None:
                         "with a TSV or Parquet --data, of each sparse feature, or one size for "
                         "all (IDs are hashed into it; default: the Parquet file's schema, else "
                         f"{data.DEFAULT_VOCAB_SIZE})")
+
+
+def _add_input_options(p: argparse.ArgumentParser) -> None:
+    """The topology, the input pipeline, the limits, and the data."""
     p.add_argument("--devices", type=positive_int, default=None,
                    help="devices of the mesh (default 1). On CPU, JAX is started with "
                         "XLA_FLAGS=--xla_force_host_platform_device_count=N")
@@ -103,6 +115,10 @@ def add_parser(subparsers: Any) -> None:
                         "sample of each")
     add_read_options(p)
     p.add_argument("--seed", type=int, default=0, help="data and model seed (default 0)")
+
+
+def _add_output_options(p: argparse.ArgumentParser) -> None:
+    """Where the run goes, resuming or starting over, and what it writes."""
     p.add_argument("--out", type=Path, default=None, metavar="DIR",
                    help="checkpoint, plots and summary.json go here (default: a new "
                         f"./{_runs.DEFAULT_ROOT}/run-NNN per run); a DIR holding an earlier "
@@ -123,7 +139,6 @@ def add_parser(subparsers: Any) -> None:
                    help="write the summary here (default OUT/summary.json)")
     p.add_argument("--profile", type=Path, default=None, metavar="DIR",
                    help="write a jax.profiler trace (TensorBoard / Perfetto) of the loop here")
-    p.set_defaults(run=run)
 
 
 def _topology(args: argparse.Namespace) -> tc.Topology:
