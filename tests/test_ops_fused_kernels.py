@@ -193,6 +193,9 @@ def test_update_parts_write_their_own_rows_and_add_up_to_the_whole(sorted_runs: 
                       _array_table(per_feature), *features, 0, 1) == 0
         for got, want in zip(features, whole, strict=True):
             np.testing.assert_array_equal(got, want, err_msg=name)
+        # One gradient array short of the slices: refused, nothing read past the table.
+        assert kernel(*buffers, _kernels.slice_operand(slices), hf, hi, *ins,
+                      _array_table(per_feature[:-1]), *features, 0, 1) == 1
         local = np.arange(rows) % layout.rows_per_shard
         for parts in (2, 3):
             outs = [np.full_like(x, np.nan) for x in ins]

@@ -144,36 +144,24 @@ def block_rows(grads):
     return rows
 
 
-@jit_inline
-def _fits(layout, slices, arrays, k, dim):
-    """Whether slice `k` (`slices[k]`: first sample, number of samples) lies in a SparseCore's
-    block and `arrays[k]` (address, rows, width) is its `[S·count, width ≤ dim]` array."""
-    start, count, width = slices[k, 0], slices[k, 1], arrays[k, 2]
-    return (start >= 0 and count >= 0 and start + count <= layout[4]
-            and arrays[k, 1] == layout[1] * count and 0 <= width <= dim)
-
-
 @_jit
 def gradient_rows(layout, slices, gradients, dim):
     """The address and width of the gradient row of each row of the `[S·samples, dim]`
-    block, read from each slice's own gradients (`slices[k]`: first sample and number of
-    samples in each block; `gradients[k]`: address, rows, width of its `[S·count, width]`
-    array), address 0 for a row no slice takes. None if an array does not fit its slice,
-    or two slices overlap."""
+    block, read from each slice's own gradients (`gradients[k]`: address, rows, width of
+    slice k's `[S·count, width]` array; `slice_table` checks them), address 0 for a row no
+    slice takes. None where `slice_table` refuses them."""
+    found = slice_table(layout, slices, gradients, dim)
+    if found is None:
+        return None
+    owner, where = found
     sc, samples = layout[1], layout[4]
     rows = np.zeros((sc * samples, 2), np.int64)
-    for k in range(slices.shape[0]):
-        if not _fits(layout, slices, gradients, k, dim):
-            return None
-        start, count = slices[k, 0], slices[k, 1]
-        address, width = gradients[k, 0], gradients[k, 2]
-        for s in range(sc):
-            for i in range(count):
-                o = s * samples + start + i
-                if rows[o, 0] != 0:
-                    return None
-                rows[o, 0] = address + (s * count + i) * width * 4
-                rows[o, 1] = width
+    for s in range(sc):
+        for sample in range(samples):
+            k = owner[sample]
+            if k >= 0:
+                rows[s * samples + sample, 0] = where[k, 0] + s * where[k, 1] + sample * where[k, 2]
+                rows[s * samples + sample, 1] = where[k, 3]
     return rows
 
 
@@ -213,20 +201,27 @@ def _lookup_buffers_f16(layout, which, row_pointers, embedding_ids, sample_ids, 
 
 
 @_jit
-def _slice_table(layout, slices, outputs, dim):
-    """Where the rows of the `[S·samples, dim]` block go: per sample of a SparseCore's block
-    the slice that takes it (−1 for none; `slices[k]`: its first sample and number of
-    samples in each block), and per slice the address of its sample 0 in SparseCore 0
-    (before its output's first row), the bytes from one SparseCore's rows to the next's and
-    from one row to the next, and its width (`outputs[k]`: address, rows, width). None if
-    an output does not fit its slice or two slices overlap."""
-    owner = np.full(layout[4], -1, np.int32)
+def slice_table(layout, slices, arrays, dim):
+    """Where the rows of the `[S·samples, dim]` block are in one array per slice: per
+    sample of a SparseCore's block the slice that takes it (−1 for none; `slices[k]`: its
+    first sample and number of samples in each block), and per slice the address of its
+    sample 0 in SparseCore 0 (before its array's first row), the bytes from one
+    SparseCore's rows to the next's and from one row to the next, and its width
+    (`arrays[k]`: address, rows, width of its `[S·count, width ≤ dim]` array). None if the
+    counts of slices and arrays differ, an array does not fit its slice, or two slices
+    overlap. The one reader of the slices both the lookup's outputs and the update's
+    gradients are given by."""
+    if slices.shape[0] != arrays.shape[0]:
+        return None
+    sc, samples = layout[1], layout[4]
+    owner = np.full(samples, -1, np.int32)
     where = np.empty((slices.shape[0], 4), np.int64)
     for k in range(slices.shape[0]):
-        if not _fits(layout, slices, outputs, k, dim):
-            return None
         start, count = slices[k, 0], slices[k, 1]
-        address, width = outputs[k, 0], outputs[k, 2]
+        address, width = arrays[k, 0], arrays[k, 2]
+        if (start < 0 or count < 0 or start + count > samples or arrays[k, 1] != sc * count
+                or width < 0 or width > dim):
+            return None
         for i in range(start, start + count):
             if owner[i] >= 0:
                 return None
@@ -239,7 +234,7 @@ def _slice_table(layout, slices, outputs, dim):
 @_jit
 def _zero_rows(layout, slices, outputs, first, stop):
     """Zero the rows of each slice's output that stacked rows `[first, stop)` go to (checked
-    by `_slice_table`): in each SparseCore's block one run of bytes per slice."""
+    by `slice_table`): in each SparseCore's block one run of bytes per slice."""
     samples = layout[4]
     for k in range(slices.shape[0]):
         start, count = slices[k, 0], slices[k, 1]
@@ -256,7 +251,7 @@ def _lookup_buffers(layout, which, row_pointers, embedding_ids, sample_ids, gain
                     slices, outputs, source_format, part, parts):
     """Part `part` of `parts` of the activations: stacked rows `[n·part/parts,
     n·(part+1)/parts)` of the `n` of the block, zeroed and then summed from the entries that
-    pool into them, each straight into its row of its slice's output (`_slice_table`: each
+    pool into them, each straight into its row of its slice's output (`slice_table`: each
     part reads every entry's row, a fraction of a row's work, and no part writes
     another's). The rows of a table too large for the caches are prefetched a few entries
     ahead."""
@@ -266,9 +261,7 @@ def _lookup_buffers(layout, which, row_pointers, embedding_ids, sample_ids, gain
     n = layout[1] * samples
     first = n * part // parts
     stop = n * (part + 1) // parts
-    if slices.shape[0] != outputs.shape[0]:
-        return 1
-    found = _slice_table(layout, slices, outputs, dim)
+    found = slice_table(layout, slices, outputs, dim)
     if found is None:
         return 1
     owner, where = found
