@@ -112,6 +112,18 @@ def test_gradients_of_another_shape(kernels: str) -> None:
         ops.lookup_grad(PLAN, batch, variables, wrong, stacked=True)
 
 
+def test_a_feature_gradient_of_another_shape_is_named(kernels: str) -> None:
+    batch = make_batch(PLAN)
+    variables = ops.init_tables(PLAN, jax.random.key(0))
+    grads = dict(grads_for(ops.lookup(PLAN, batch, variables)))
+    name = sorted(grads)[0]
+    rows, width = grads[name].shape
+    grads[name] = jnp.ones((rows, width + 1))
+    with pytest.raises(ValueError, match=rf"Gradient of feature '{name}' has shape "
+                                         rf"\({rows}, {width + 1}\); expected \({rows}, {width}\)"):
+        ops.lookup_grad(PLAN, batch, variables, grads)
+
+
 def test_variables_of_another_optimizer(kernels: str) -> None:
     """Slots for SGD (none) where the plan's Adagrad keeps one: refused before updating."""
     batch = make_batch(PLAN)

@@ -4,7 +4,7 @@ plan reaches a kernel, where it would read out of bounds or return garbage."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -128,20 +128,6 @@ def check_grads(grads: jax.Array, layout: StackLayout) -> None:
             f"{tuple(grads.shape)} but the plan's stacked activations are "
             f"[{layout.sc_per_device * layout.samples_per_sc}, {layout.dim}]; pass the "
             "gradients of the activations lookup returned for this batch.")
-
-
-def check_slice_grads(grads: Sequence[jax.Array], slices: Sequence[Any],
-                      layout: StackLayout) -> None:
-    """One device's activation gradients of each slice of its block are `[S·samples, width]`
-    (the slice's activations)."""
-    if len(grads) != len(slices):
-        raise ValueError(f"Stack {layout.name!r}: {len(grads)} gradient arrays for "
-                         f"{len(slices)} slices of its activations.")
-    for k, (g, (_, count, width)) in enumerate(zip(grads, slices, strict=True)):
-        if tuple(g.shape) != (layout.sc_per_device * count, width):
-            raise ValueError(
-                f"Stack {layout.name!r}: activation gradients {k} are {tuple(g.shape)} on each "
-                f"device but its activations are [{layout.sc_per_device * count}, {width}].")
 
 
 def stack_names(mapping: Mapping[str, Any], plan: StackingPlan, what: str) -> None:

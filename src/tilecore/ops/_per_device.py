@@ -22,7 +22,6 @@ from ._backend import FlatBuffers, Wing, lookup_wing, wing
 from ._contract import (
     check_buffers,
     check_grads,
-    check_slice_grads,
     check_table,
     check_table_dtype,
     check_variables,
@@ -149,8 +148,9 @@ def lookup_grad_stack(buffers: StackBuffers, grads: Sequence[jax.Array],
                       num_minibatches: jax.Array | int = 1, rounding_seed: int = 0,
                       slices: Sequence[ActivationSlice] | None = None) -> EmbeddingVariables:
     """Update one device's shard of a stack from its activation gradients: one array per
-    slice of its `[S·samples_per_sc, dim]` block (the features', each `[S·samples, width]`),
-    or by default one array, the block itself.
+    slice of its `[S·samples_per_sc, dim]` block (the features', each `[S·samples, width]`,
+    as `_activations.feature_gradients` checks them, naming the feature), or by default
+    one array, the block itself (checked here).
 
     On one device the wing reads each slice's gradients where they lie (the CPU wing's
     fused kernel: no block is built). Minibatched buffers are applied one minibatch at a
@@ -167,8 +167,6 @@ def lookup_grad_stack(buffers: StackBuffers, grads: Sequence[jax.Array],
         (block,) = grads
         check_grads(block, layout)
         grads, slices = [block.reshape(-1, layout.dim)], [whole_block(layout)]
-    else:
-        check_slice_grads(grads, slices, layout)
     count = minibatch_count(layout, num_minibatches)
     variables = EmbeddingVariables(variables.table, tuple(variables.slots))
     rounding = None
