@@ -129,18 +129,27 @@ def put_batches(prepped: Sequence[tc.PreprocessedBatch], mesh: Mesh | None) -> l
             for b in prepped]
 
 
+class Steps:
+    """`steps(i)`: one `fused_step` on `batches[i % n]` from the previous step's variables,
+    the first from `variables`, which it donates (the caller's arrays are gone after the
+    first call); `steps.variables`: the newest, the only ones kept."""
+
+    def __init__(self, plan: tc.StackingPlan, batches: Sequence[Any], mesh: Mesh | None,
+                 weights: Mapping[str, np.ndarray], variables: Any):
+        self._train = fused_step(plan, mesh, weights)
+        self._batches = batches
+        self.variables = variables
+
+    def __call__(self, i: int) -> Any:
+        self.variables = self._train(self.variables, self._batches[i % len(self._batches)],
+                                     jnp.int32(i))
+        return self.variables
+
+
 def time_step(plan: tc.StackingPlan, batches: Sequence[Any], mesh: Mesh | None,
               weights: Mapping[str, np.ndarray], variables: Any, timing: Mapping[str, int]
               ) -> float:
     """Median seconds of `fused_step` over `batches` (cycled) from `variables`, which it
-    donates: the caller's arrays are gone after the first call, and the last step's are
-    dropped on return. `timing`: `median_seconds`'s `warmup` and `repeats`."""
-    train = fused_step(plan, mesh, weights)
-    state = {"variables": variables}
-    n = len(batches)
-
-    def call(i: int) -> Any:  # the variables are donated: keep only the new ones
-        state["variables"] = train(state["variables"], batches[i % n], jnp.int32(i))
-        return state["variables"]
-
-    return median_seconds(call, **timing)
+    donates (`Steps`); the last step's are dropped on return. `timing`: `median_seconds`'s
+    `warmup` and `repeats`."""
+    return median_seconds(Steps(plan, batches, mesh, weights, variables), **timing)

@@ -272,37 +272,33 @@ def _time_fused(plan: tc.StackingPlan, prepped: list[tc.PreprocessedBatch], mesh
     the warm-up calls) and at the peak of the timed calls (tables, batches and the steps'
     buffers); the bytes of variables moved onto huge pages (`huge_pages`)."""
     import jax
-    import jax.numpy as jnp
 
     from tilecore import ops
 
-    from ._fused import fused_forward, fused_step, put_batches
+    from ._fused import Steps, fused_forward, put_batches
 
     batches = put_batches(prepped, mesh)
     n = len(batches)
-    state = {"variables": ops.init_tables(plan, jax.random.key(seed), mesh=mesh)}
-    jax.block_until_ready(state)
-    moved = ops.use_huge_pages(state) if huge_pages else 0
-    forward, train = fused_forward(plan, mesh), fused_step(plan, mesh, weights)
+    variables = ops.init_tables(plan, jax.random.key(seed), mesh=mesh)
+    jax.block_until_ready(variables)
+    moved = ops.use_huge_pages(variables) if huge_pages else 0
+    forward, steps = fused_forward(plan, mesh), Steps(plan, batches, mesh, weights, variables)
+    del variables  # donated by the first step: `steps.variables` are the live ones
 
     def forward_call(i: int) -> Any:
-        return forward(state["variables"], batches[i % n])
-
-    def step_call(i: int) -> Any:  # the variables are donated: keep only the new ones
-        state["variables"] = train(state["variables"], batches[i % n], jnp.int32(i))
-        return state["variables"]
+        return forward(steps.variables, batches[i % n])
 
     warmup, repeats = timing["warmup"], timing["repeats"]
-    for call in (forward_call, step_call):  # compiled and warm before the peak is reset
+    for call in (forward_call, steps):  # compiled and warm before the peak is reset
         for i in range(warmup):
             jax.block_until_ready(call(i))
     setup_peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
     probe = PeakProbe.start()  # resets the peak: ru_maxrss too
     forward_s = median_seconds(lambda i: forward_call(warmup + i), warmup=0, repeats=repeats)
-    step_s = median_seconds(lambda i: step_call(warmup + i), warmup=0, repeats=repeats)
+    step_s = median_seconds(lambda i: steps(warmup + i), warmup=0, repeats=repeats)
     peak_mb = probe.peak_bytes() / 2**20
     file_mb = mapped_file_mb()
-    state.clear()
+    steps.variables = None
     gc.collect()  # the tables go; the rest before the naive step runs
     return FusedTimes(forward_s, step_s, setup_peak_mb, peak_mb, moved, file_mb)
 
