@@ -15,6 +15,8 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from _quick_xla import with_quick_flags
+
 # One JAX compilation cache for the session and the sessions after it, as numba's cache
 # is for the kernels: the xdist workers and the subprocesses the tests start inherit it
 # (JAX reads it on import), so a program compiled in one process, or in an earlier run, is
@@ -57,10 +59,10 @@ os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 # keep busy (16.9 s -> 13.4 s). Both change how XLA compiles, not what a program means;
 # `tilecore train`, the benchmarks and a user's program keep XLA's defaults. Subprocesses
 # inherit XLA_FLAGS (`_xla_flags.xla_flags` keeps these when it sets a device count).
-os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *(
-    flag for flag in ("--xla_cpu_use_fusion_emitters=false",
-                      "--xla_cpu_parallel_codegen_split_count=1")
-    if flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""))]).strip()
+# The switches XLA does not know are left out (`_quick_xla`); the answers are kept beside the
+# compilation cache.
+os.environ["XLA_FLAGS"] = with_quick_flags(os.environ.get("XLA_FLAGS", ""),
+                                           os.environ["JAX_COMPILATION_CACHE_DIR"])
 
 
 import jax

@@ -252,7 +252,7 @@ def test_errors_name_the_fix() -> None:
 
 def test_shard_map_on_four_devices(tmp_path: Path) -> None:
     """The ported script under shard_map over 4 CPU devices equals the native API on 4."""
-    env = dict(os.environ, XLA_FLAGS=xla_flags(4))
+    env = dict(os.environ, XLA_FLAGS=xla_flags(4), JAX_PLATFORMS="cpu")
     result = subprocess.run([sys.executable, __file__], env=env, capture_output=True,
                             text=True, timeout=600, check=False)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -52,8 +52,8 @@ def test_grad_through_embed_is_the_activation_gradient() -> None:
     want = jax.grad(lambda a: _loss(params, a))(acts)
     got = jax.grad(lambda probe: _loss(params, ops.embed(plan, batch, variables, probe)))(
         ops.activation_probe(plan))
-    for name in want:
-        np.testing.assert_allclose(got[name], want[name], rtol=1e-6)
+    for name in want:  # GPUs add a segment's entries with atomics, in no fixed order
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-7)
 
 
 def test_training_update_equals_lookup_grad_of_the_activation_gradients() -> None:
@@ -151,7 +151,7 @@ def test_auto_and_explicit_meshes_both_work() -> None:
         assert np.array_equal(results[0], results[1])
         print("ok")
     """)
-    env = dict(os.environ, XLA_FLAGS=xla_flags(2), TILECORE_KERNELS="xla")
+    env = dict(os.environ, XLA_FLAGS=xla_flags(2), TILECORE_KERNELS="xla", JAX_PLATFORMS="cpu")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=env, timeout=300, check=False)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
@@ -176,14 +176,17 @@ def test_eager_calls_run_as_one_compiled_program() -> None:
         if event == "/jax/core/compile/backend_compile_duration":
             compiled.append(str(kwargs.get("fun_name")))
 
+    # The same program: the same bits on CPUs; GPUs add a segment's entries with atomics,
+    # in no fixed order, so there the last bits may differ.
+    same = np.array_equal if jax.default_backend() == "cpu" else np.allclose
     jax.monitoring.register_event_duration_secs_listener(listen)
     try:
         for seed in range(2):
             batch = _batch(plan, seed)
             eager = ops.lookup(plan, batch, tables)
-            assert jax.tree.all(jax.tree.map(np.array_equal, eager, jitted_lookup(batch, tables)))
+            assert jax.tree.all(jax.tree.map(same, eager, jitted_lookup(batch, tables)))
             eager_update = ops.lookup_grad(plan, batch, variables, grads, 3)
-            assert jax.tree.all(jax.tree.map(np.array_equal, eager_update,
+            assert jax.tree.all(jax.tree.map(same, eager_update,
                                              jitted_grad(batch, variables, grads)))
     finally:
         jax.monitoring.unregister_event_duration_listener(listen)

@@ -10,9 +10,10 @@ layout) is the XLA wing's.
 Opt-in only: `$TILECORE_KERNELS=pallas` on a GPU backend (Triton compiles the
 kernels), `pallas-interpret` on any backend (Pallas's interpreter: the same kernel
 body run as XLA ops, slow; the tests use it on CPU against the numpy oracle). `auto`
-never picks this wing: timed on an NVIDIA H200 (criteo26, batch 4096, Adagrad) its step
-took 10.7 ms against XLA's 1.9 ms and its forward 1.5 ms against 0.55 ms. Its block
-sizes are first guesses, not tuned. Benchmark::
+never picks this wing: timed on an NVIDIA H200 (criteo26, Adagrad) its step took 10.0 ms
+against XLA's 1.6 ms at batch 4096, and 180.7 ms against 7.9 ms at batch 65536, where
+its per-row sums serialise on the hot rows of Zipf tables (a program loops as long as
+its block's longest segment). Its block sizes are first guesses, not tuned. Benchmark::
 
     TILECORE_KERNELS=pallas tilecore bench step --workload criteo26 --no-naive
     TILECORE_KERNELS=xla    tilecore bench step --workload criteo26 --no-naive

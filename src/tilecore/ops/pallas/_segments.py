@@ -38,7 +38,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from .._backend import RowGradients
-from ..xla._wing import sorted_segments
+from ..xla._wing import sort_by, sorted_segments
 
 _LANES_PER_PROGRAM = 2048
 """Target `B · D` accumulator lanes of one program (a guess, not tuned)."""
@@ -54,9 +54,8 @@ def pool_rows(table: jax.Array, rows: jax.Array, segments: jax.Array, gains: jax
     Pallas's interpreter, on any backend)."""
     assert quantization is None  # `_backend.lookup_wing` sends quantized tables to XLA
     keys = jnp.where((segments >= 0) & (segments < num_segments), segments, num_segments)
-    keys, rows, gains = jax.lax.sort(
-        (keys.astype(jnp.int32), rows.astype(jnp.int32), gains.astype(jnp.float32)),
-        num_keys=1, is_stable=True)
+    keys, rows, gains = sort_by(keys.astype(jnp.int32), rows.astype(jnp.int32),
+                                gains.astype(jnp.float32))
     return combine_sorted(_offsets(keys, num_segments), rows, gains, table, num_segments,
                           interpret=interpret)
 
@@ -66,8 +65,8 @@ def row_gradients(rows: jax.Array, valid: jax.Array, samples: jax.Array, gains: 
     """`Σ gain · grads[sample]` per distinct row of the valid entries (`Wing.row_gradients`):
     the distinct rows ascending, padded with `sentinel`, their sums, and None (the
     invalid entries' sums land on the sentinel, a row outside the shard)."""
-    size = rows.shape[0]
     samples, gains, segment, unique = sorted_segments(rows, valid, samples, gains, sentinel)
+    size = unique.shape[0]
     sums = combine_sorted(_offsets(segment, size), samples, gains, grads, size,
                           interpret=interpret)
     return unique, sums, None

@@ -22,7 +22,12 @@ from .._variables import EmbeddingVariables
 
 def _pool_rows(table: jax.Array, rows: jax.Array, segments: jax.Array, gains: jax.Array,
                num_segments: int, quantization: Any) -> jax.Array:
-    """`Σ gain · table[row]` per segment (segments out of range are dropped)."""
+    """`Σ gain · table[row]` per segment (segments out of range are dropped).
+
+    The entries stay in their buffers' order (by row): sorting them by segment first, so
+    that XLA could add each segment's run in registers, made criteo26's forward at batch
+    65536 four times slower on an NVIDIA H200 (1.54 -> 6.41 ms).
+    """
     values = take_rows(table, rows, mode="fill")  # as jnp.take: a row out of range reads NaN
     values = values.astype(jnp.float32)  # half-precision rows pool in float32
     if quantization is not None:
@@ -39,29 +44,49 @@ def row_gradients(rows: jax.Array, valid: jax.Array, samples: jax.Array, gains: 
     duplicate of a row lands in one sum, so the optimizer sees each row once. The
     entries' rows, samples and gains are sorted together and the gradient rows gathered
     in that order, so no `[entries, dim]` array is permuted (one pass less over the
-    largest arrays of the update).
+    largest arrays of the update). There are as many sums as the shard can hold distinct
+    rows, not one per entry, so the optimizer gathers and scatters no more rows than that
+    (criteo26 at batch 65536 on an NVIDIA H200: the update 17.7 -> 10.1 ms).
     """
     samples, gains, segment, unique = sorted_segments(rows, valid, samples, gains, sentinel)
     values = grads[samples] * gains.reshape(-1, 1)
-    sums = jax.ops.segment_sum(values, segment, num_segments=rows.shape[0],
+    sums = jax.ops.segment_sum(values, segment, num_segments=unique.shape[0],
                                indices_are_sorted=True)
     return unique, sums, None
 
 
 def sorted_segments(rows: jax.Array, valid: jax.Array, samples: jax.Array, gains: jax.Array,
                     sentinel: int) -> tuple[jax.Array, ...]:
-    """The entries sorted by row (invalid ones as `sentinel`, a row past the shard), stably:
-    (their samples, their gains, each one's segment: its row's rank among the distinct
-    rows, the distinct rows ascending padded with `sentinel`). Every wing's per-row sums
-    start here."""
-    rows = jnp.where(valid, rows, sentinel).astype(jnp.int32)
-    rows, samples, gains = jax.lax.sort(
-        (rows, samples.astype(jnp.int32), gains.astype(jnp.float32)), num_keys=1,
-        is_stable=True)
+    """The entries sorted by row (invalid ones, and any row outside `[0, sentinel)`, as
+    `sentinel`, a row past the shard), stably: (their samples, their gains, each one's
+    segment: its row's rank among the distinct rows, the distinct rows ascending padded
+    with `sentinel` to as many as there can be: fewer than the entries where the shard
+    has fewer rows). Every wing's per-row sums start here.
+
+    On a table smaller than its buffers (criteo26's six 1,000-row tables take 1.3 M
+    entries each at batch 65536) the rows are bounded by the shard, not by the entries.
+    """
+    inside = valid & (rows >= 0) & (rows < sentinel)
+    rows = jnp.where(inside, rows, sentinel).astype(jnp.int32)
+    rows, samples, gains = sort_by(rows, samples.astype(jnp.int32), gains.astype(jnp.float32))
     first = jnp.concatenate([jnp.ones((1,), bool), rows[1:] != rows[:-1]])
     segment = jnp.cumsum(first, dtype=jnp.int32) - 1
-    unique = jnp.full(rows.shape, sentinel, rows.dtype).at[segment].set(rows)
+    bound = min(rows.shape[0], sentinel + 1)  # the sentinel's entries are one segment more
+    unique = jnp.full((bound,), sentinel, rows.dtype).at[segment].set(rows)
     return samples, gains, segment, unique
+
+
+def sort_by(keys: jax.Array, *values: jax.Array) -> tuple[jax.Array, ...]:
+    """`keys` sorted ascending, stably, and each of `values` in the same order.
+
+    The keys are sorted with their positions and the values gathered by position: on
+    GPUs XLA sorts such a pair with CUB's radix sort, and sorting the keys with two value
+    arrays instead made criteo26's training step at batch 65536 on an NVIDIA H200 take
+    11.0 ms, not 8.1.
+    """
+    keys, order = jax.lax.sort((keys, jnp.arange(keys.shape[0], dtype=jnp.int32)),
+                               num_keys=1, is_stable=True)
+    return (keys, *(v[order] for v in values))
 
 
 def _apply_update(variables: EmbeddingVariables, rows: jax.Array, sums: jax.Array,
