@@ -49,12 +49,15 @@ def test_bench_step_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[st
 
 
 def test_bench_step_without_naive(tmp_path: Path) -> None:
+    # 1 KiB of activation memory per SparseCore: each of the 8 tables gets a stack of its
+    # own (the default 2 MiB stacks them into 2).
     out = tmp_path / "step.json"
     assert main(["bench", "step", "--workload", "stacked", "--optimizer", "ftrl", "--no-naive",
                  "--repeats", "1", "--warmup", "1", "--batches", "1", "--json", str(out),
-                 *TINY]) == 0
+                 "--activation-mem-mb", str(1 / 1024), *TINY]) == 0
     result = json.loads(out.read_text())
     assert "naive_examples_per_s" not in result and result["ids_per_s"] > 0
+    assert result["stacks"] == 8 and result["activation_mem_mb"] == 1 / 1024
 
 
 def test_bad_options(capsys: pytest.CaptureFixture[str]) -> None:

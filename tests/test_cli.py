@@ -103,6 +103,8 @@ def test_bad_options_exit_with_a_message(capsys: pytest.CaptureFixture[str]) -> 
     (["limits", "--workload", "nope"], "--workload: invalid choice: 'nope'"),
     (["bench", "preprocess", "--threads", "-2"], "--threads: must be an integer >= 1, got '-2'"),
     (["bench", "preprocess", "--workload", "nope"], "--workload: invalid choice: 'nope'"),
+    (["bench", "step", "--activation-mem-mb", "0"],
+     "--activation-mem-mb: must be a number > 0, got '0'"),
 ])
 def test_bad_values_are_usage_errors_naming_the_flag(
         argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,7 +9,8 @@
 # them where only a few files come back), most wanted first, each figure beside its
 # baseline in the same run, so a run cut short still answers the first questions:
 #   1. the step with the XLA and the Pallas wing (float32) at batch 4096 and 65536:
-#      forward and update bytes/s against the device's copy bandwidth;
+#      forward and update bytes/s against the device's copy bandwidth; and at 65536 with
+#      the tables in 7 stacks instead of 26 (--activation-mem-mb 32);
 #   2. device against host preprocessing, at both batch sizes;
 #   3. the tests (do the CPU-proved paths hold on the GPU: device preprocessing
 #      bit-identical to the host's, the Pallas kernels compiled by Triton, half tables,
@@ -46,10 +47,12 @@ step() {  # step SECONDS NAME COMMAND...: run it under a limit (cut to the budge
 }
 
 tilecore=("$py" -c 'import sys; from tilecore_apps.cli import main; sys.exit(main())')
-bench_step() {  # bench_step KERNELS DTYPE BATCH
-  step 75 "bench step ($1, $2, batch $3)" env TILECORE_KERNELS="$1" "${tilecore[@]}" bench step \
-    --workload criteo26 --no-naive --weights-dtype "$2" --batch-size "$3" --repeats 20 \
-    --json "$out/step-$1-$2-$3.json"
+bench_step() {  # bench_step KERNELS DTYPE BATCH [ACTIVATION_MEM_MB]
+  local stacking=() name="$1-$2-$3"
+  [[ -n "${4:-}" ]] && stacking=(--activation-mem-mb "$4") && name="$name-mem$4"
+  step 75 "bench step ($1, $2, batch $3${4:+, $4 MiB per SparseCore})" env TILECORE_KERNELS="$1" \
+    "${tilecore[@]}" bench step --workload criteo26 --no-naive --weights-dtype "$2" \
+    --batch-size "$3" --repeats 20 "${stacking[@]}" --json "$out/step-$name.json"
 }
 preprocess() {  # preprocess BATCH THREADS NAME [--device]
   step 60 "bench preprocess ($3)" "${tilecore[@]}" bench preprocess --workload criteo26 \
@@ -65,6 +68,8 @@ for batch in 4096 65536; do
   bench_step xla float32 $batch
   bench_step pallas float32 $batch
 done
+# criteo26 at batch 65536 in 7 stacks (as at 4096) instead of 26: fewer, larger kernels
+bench_step xla float32 65536 32
 preprocess 4096 "$cores" device-4096 --device
 preprocess 65536 "$cores" device-65536 --device
 step 150 "tests on the GPU" "$py" -m pytest -q -p no:cacheprovider -p no:benchmark -n 4 -rfE \

@@ -24,6 +24,7 @@ from .._common import (
     preprocess_dropping,
     write_json,
 )
+from .._options import positive_float
 from ._machine import machine_facts
 from ._memory import PeakProbe, mapped_file_mb
 from ._timing import median_seconds
@@ -92,6 +93,11 @@ def add_parser(kinds: Any) -> None:
     p.add_argument("--max-vocab", type=int, default=None, metavar="V",
                    help="cap every table's vocabulary at V, IDs taken modulo it (default: "
                         "the workload's; a quick run at a small size)")
+    p.add_argument("--activation-mem-mb", type=positive_float, default=None, metavar="MB",
+                   help="auto-stacking's activation memory per SparseCore in MiB "
+                        "(SparseCoreConfig's activation_mem_bytes_limit; default 2, as the "
+                        "reference's): more stacks tables of a larger batch together, into "
+                        "fewer and larger kernels")
     p.set_defaults(run=run)
 
 
@@ -105,7 +111,8 @@ def _argv(args: argparse.Namespace) -> list[str]:
             "--weights-dtype", args.weights_dtype]
     for flag, value in (("--threads", args.threads), ("--json", args.json),
                         ("--peer-python", args.peer_python),
-                        ("--batch-size", args.batch_size), ("--max-vocab", args.max_vocab)):
+                        ("--batch-size", args.batch_size), ("--max-vocab", args.max_vocab),
+                        ("--activation-mem-mb", args.activation_mem_mb)):
         if value is not None:
             argv += [flag, str(value)]
     if args.minibatching:
@@ -167,7 +174,9 @@ def run(args: argparse.Namespace) -> int:
     features = bench_features(workload.features, optimizer, max_vocab=args.max_vocab,
                               weights_dtype=args.weights_dtype)
     topology = tc.Topology(global_devices=args.devices, sc_per_device=args.sc_per_device)
-    plan = tc.plan_stacking(features, topology)
+    config = tc.SparseCoreConfig() if args.activation_mem_mb is None else tc.SparseCoreConfig(
+        activation_mem_bytes_limit=max(1, round(args.activation_mem_mb * 2**20)))
+    plan = tc.plan_stacking(features, topology, config)
     threads = effective_threads(args.threads)
     raw = [_cap_ids(workload.batch(i, num_threads=threads), features)
            for i in range(args.batches)]
@@ -312,6 +321,7 @@ def _result(args: argparse.Namespace, batch_size: int, stacks: int, forward_s: f
         "weights_dtype": args.weights_dtype,
         "sc_per_device": args.sc_per_device, "backend": jax.default_backend(),
         "batch_size": batch_size, "max_vocab": args.max_vocab, "stacks": stacks,
+        "activation_mem_mb": args.activation_mem_mb,
         "batches": args.batches, "forward_ms": forward_s * 1e3, "step_ms": step_s * 1e3,
         "forward_examples_per_s": batch_size / forward_s, "examples_per_s": batch_size / step_s,
     }
