@@ -47,6 +47,14 @@ def add_parser(kinds: Any) -> None:
             "tables, an optax update)."
         ),
     )
+    _add_plan_options(p)
+    _add_timing_options(p)
+    _add_comparison_options(p)
+    p.set_defaults(run=run)
+
+
+def _add_plan_options(p: argparse.ArgumentParser) -> None:
+    """What is timed: the workload, its plan and tables."""
     add_workload_option(p, "criteo26")
     p.add_argument("--optimizer", default="adagrad", choices=OPTIMIZER_NAMES,
                    help="optimizer of every table, with its default hyperparameters "
@@ -56,6 +64,25 @@ def add_parser(kinds: Any) -> None:
                         "XLA_FLAGS=--xla_force_host_platform_device_count=D if JAX has fewer")
     p.add_argument("--sc-per-device", type=int, default=1,
                    help="logical SparseCores per device (default 1)")
+    p.add_argument("--weights-dtype", default="float32", choices=WEIGHTS_DTYPE_NAMES,
+                   help="storage of every table (TableSpec weights_dtype; default float32): "
+                        "bfloat16 or float16 halve the bytes of each looked-up row and write "
+                        "updated rows with stochastic rounding. The naive step keeps float32 "
+                        "tables")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="samples per batch (default: the workload's, 4096 for criteo26)")
+    p.add_argument("--max-vocab", type=int, default=None, metavar="V",
+                   help="cap every table's vocabulary at V, IDs taken modulo it (default: "
+                        "the workload's; a quick run at a small size)")
+    p.add_argument("--activation-mem-mb", type=positive_float, default=None, metavar="MB",
+                   help="auto-stacking's activation memory per SparseCore in MiB "
+                        "(SparseCoreConfig's activation_mem_bytes_limit; default 2, as the "
+                        "reference's): more stacks tables of a larger batch together, into "
+                        "fewer and larger kernels")
+
+
+def _add_timing_options(p: argparse.ArgumentParser) -> None:
+    """How it is prepared and timed."""
     p.add_argument("--repeats", type=int, default=10, help="timed calls of each (default 10)")
     p.add_argument("--warmup", type=int, default=2,
                    help="untimed calls first, compilation included (default 2)")
@@ -70,11 +97,10 @@ def add_parser(kinds: Any) -> None:
     p.add_argument("--minibatch-split", type=int, default=1, metavar="F",
                    help="with --minibatching: divide every stack's per-partition limits by F "
                         "(after calibration), so batches split into minibatches (default 1)")
-    p.add_argument("--weights-dtype", default="float32", choices=WEIGHTS_DTYPE_NAMES,
-                   help="storage of every table (TableSpec weights_dtype; default float32): "
-                        "bfloat16 or float16 halve the bytes of each looked-up row and write "
-                        "updated rows with stochastic rounding. The naive step keeps float32 "
-                        "tables")
+
+
+def _add_comparison_options(p: argparse.ArgumentParser) -> None:
+    """What it is compared with, on which pages, and where the results go."""
     p.add_argument("--no-naive", action="store_true", help="skip the naive step")
     p.add_argument("--no-huge-pages", action="store_true",
                    help="keep the tables on the 4 KiB pages XLA allocated them on (default: "
@@ -84,21 +110,11 @@ def add_parser(kinds: Any) -> None:
     p.add_argument("--peer-python", type=Path, default=None, metavar="PYTHON",
                    help="also time FBGEMM's table-batched embeddings (forward, and the step "
                         "with the same optimizer fused: sgd or adagrad; float32 or float16 "
-                        "tables) on the same batches, run by this Python (a venv with torch and fbgemm-gpu-cpu; "
-                        "never a tilecore dependency), and print the ratios. Pin the threads "
+                        "tables) on the same batches, run by this Python (a venv with torch and "
+                        "fbgemm-gpu-cpu; never a tilecore dependency), and print the ratios. Pin "
+                        "the threads "
                         "of both with taskset, e.g. `taskset -c 0 tilecore bench step ...`")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="write results here")
-    p.add_argument("--batch-size", type=int, default=None,
-                   help="samples per batch (default: the workload's, 4096 for criteo26)")
-    p.add_argument("--max-vocab", type=int, default=None, metavar="V",
-                   help="cap every table's vocabulary at V, IDs taken modulo it (default: "
-                        "the workload's; a quick run at a small size)")
-    p.add_argument("--activation-mem-mb", type=positive_float, default=None, metavar="MB",
-                   help="auto-stacking's activation memory per SparseCore in MiB "
-                        "(SparseCoreConfig's activation_mem_bytes_limit; default 2, as the "
-                        "reference's): more stacks tables of a larger batch together, into "
-                        "fewer and larger kernels")
-    p.set_defaults(run=run)
 
 
 def _argv(args: argparse.Namespace) -> list[str]:
