@@ -58,12 +58,15 @@ def unstack_activations(plan: StackingPlan, stack: str, stacked: jax.Array,
 
 
 def feature_gradients(plan: StackingPlan, stack: str, grads: Mapping[str, jax.Array],
-                      layout: StackLayout) -> list[jax.Array]:
-    """The stack's features' activation gradients as float32, in slice order (the order of
-    `feature_slices`), each checked to have its activations' shape on a device."""
+                      layout: StackLayout
+                      ) -> tuple[list[jax.Array], list[ActivationSlice]]:
+    """The stack's features' activation gradients as float32 and their slices, in slice
+    order (`feature_slices`'), each gradient checked to have its activations' shape on a
+    device."""
     s = layout.sc_per_device
-    out = []
-    for name, (_, count, width) in feature_slices(plan, stack).items():
+    out, slices = [], []
+    for name, piece in feature_slices(plan, stack).items():
+        _, count, width = piece
         g = jnp.asarray(grads[name], jnp.float32)
         if g.shape != (s * count, width):
             raise ValueError(
@@ -71,7 +74,8 @@ def feature_gradients(plan: StackingPlan, stack: str, grads: Mapping[str, jax.Ar
                 "per device (its activations' shape)."
             )
         out.append(g)
-    return out
+        slices.append(piece)
+    return out, slices
 
 
 def stack_slices(parts: Sequence[jax.Array], layout: StackLayout,
@@ -89,5 +93,5 @@ def stack_slices(parts: Sequence[jax.Array], layout: StackLayout,
 def stack_gradients(plan: StackingPlan, stack: str, grads: Mapping[str, jax.Array],
                     layout: StackLayout) -> jax.Array:
     """The inverse of `unstack_activations`: feature gradients into one stacked block."""
-    return stack_slices(feature_gradients(plan, stack, grads, layout), layout,
-                        list(feature_slices(plan, stack).values()))
+    parts, slices = feature_gradients(plan, stack, grads, layout)
+    return stack_slices(parts, layout, slices)

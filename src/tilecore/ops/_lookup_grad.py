@@ -15,7 +15,7 @@ from jax.sharding import Mesh, PartitionSpec
 from ..preprocessing import PreprocessedBatch, StackBuffers
 from ..stacking import StackingPlan
 from . import _checks as checks
-from ._activations import feature_gradients, feature_slices
+from ._activations import feature_gradients
 from ._contract import check_call, check_step
 from ._eager import ByIdentity, should_jit
 from ._layout import StackLayout, stack_layouts
@@ -151,8 +151,7 @@ def _update_stack(plan: StackingPlan, layout: StackLayout, options: UpdateOption
     if stacked:
         grads, slices = [stack_grads], None
     else:
-        grads = feature_gradients(plan, name, stack_grads, layout)
-        slices = list(feature_slices(plan, name).values())
+        grads, slices = feature_gradients(plan, name, stack_grads, layout)
     new = lookup_grad_stack(
         stack_buffers, grads, stack_variables, layout, plan.stacks[name].optimizer, step, axis,
         options.clip.get(name), num_minibatches, options.rounding_seed, slices)
