@@ -74,7 +74,8 @@ def sorted_segments(rows: jax.Array, valid: jax.Array, samples: jax.Array, gains
     first = jnp.concatenate([jnp.ones((1,), bool), rows[1:] != rows[:-1]])
     segment = jnp.cumsum(first, dtype=jnp.int32) - 1
     bound = min(rows.shape[0], sentinel + 1)  # the sentinel's entries are one segment more
-    unique = jnp.full((bound,), sentinel, rows.dtype).at[segment].set(rows)
+    heads = jnp.where(first, segment, bound)  # each segment's row written once, by its first
+    unique = jnp.full((bound,), sentinel, rows.dtype).at[heads].set(rows, mode="drop")
     return samples, gains, segment, unique
 
 
