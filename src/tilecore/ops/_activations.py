@@ -60,8 +60,8 @@ def unstack_activations(plan: StackingPlan, stack: str, stacked: jax.Array,
 def feature_gradients(plan: StackingPlan, stack: str, grads: Mapping[str, jax.Array],
                       layout: StackLayout
                       ) -> tuple[list[jax.Array], list[ActivationSlice]]:
-    """The stack's features' activation gradients as float32 and their slices, in slice
-    order (`feature_slices`'), each gradient checked to have its activations' shape on a
+    """The stack's features' activation gradients as float32, and their slices, in
+    `feature_slices` order; each gradient checked to have its activations' shape on a
     device."""
     s = layout.sc_per_device
     out, slices = [], []

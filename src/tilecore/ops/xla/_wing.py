@@ -27,8 +27,7 @@ def _pool_rows(table: jax.Array, rows: jax.Array, segments: jax.Array, gains: ja
     The entries stay in their buffers' order (by row). Sorting them by segment first, so
     that XLA could add each segment's run in registers, made criteo26's forward at batch
     65536 four times slower on an NVIDIA H200 (1.54 -> 6.41 ms), but that sort moved
-    three arrays, which XLA does with its own comparison sort (see `sort_by`): with
-    `sort_by` it is untried.
+    three arrays, the kind `sort_by` found slow there: with `sort_by` it is untried.
     """
     values = take_rows(table, rows, mode="fill")  # as jnp.take: a row out of range reads NaN
     values = values.astype(jnp.float32)  # half-precision rows pool in float32
