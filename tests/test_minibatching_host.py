@@ -77,25 +77,45 @@ def test_bucket_kernel_matches_byte_hash() -> None:
     np.testing.assert_array_equal(buckets(cols, bucket_state()), expected)
 
 
-def test_bucket_memo_reads_what_the_hash_gives() -> None:
-    """Memoised buckets equal hashed ones, for hits, misses, duplicates and columns
-    past the memo; misses are remembered, columns past it are not."""
-    from tilecore.preprocessing._bucket_memo import UNKNOWN, memo_buckets
-    from tilecore.preprocessing._highway import bucket_state, buckets
+def test_bucketize_reads_what_the_hash_gives() -> None:
+    """Each merged entry gets its row's hashed bucket and the per-(partition, bucket)
+    counts add up, whether the memo knows the row (the second call), not yet (the
+    first) or never (columns past the memo, hashed every time); misses are
+    remembered, columns past the memo are not."""
+    from tilecore.preprocessing import _minibatch_kernels as mk
+    from tilecore.preprocessing._bucket_memo import UNKNOWN
+    from tilecore.preprocessing._highway import NUM_BUCKETS, bucket_state, buckets
+    from tilecore.preprocessing._kernels import SAMPLE_BITS
 
     rng = np.random.default_rng(3)
-    cols = rng.integers(0, 6000, 500)  # memo covers [0, 4096): some columns lie past it
+    rowbits, log2n = 12, 2  # 4 partitions; columns row·4 + partition, up to 16383
+    part, row = rng.integers(0, 4, 3000), rng.integers(0, 1500, 3000)
+    sample = rng.integers(0, 64, 3000)
+    entries = np.unique((((part << rowbits) | row) << SAMPLE_BITS) | sample).astype(np.uint64)
+    key = entries >> np.uint64(SAMPLE_BITS)
+    partition = (key >> np.uint64(rowbits)).astype(np.int64)
+    cols = ((key & np.uint64((1 << rowbits) - 1)).astype(np.int64) << log2n) | partition
     expected = buckets(cols, bucket_state())
-    memo = np.full(4096, UNKNOWN, np.uint8)
+    memo = np.full(4096, UNKNOWN, np.uint8)  # some columns lie past it
     state = np.array(bucket_state(), np.uint64)
-    scratch = [np.empty(len(cols), np.int64) for _ in range(3)]
-    for round_ in range(2):
-        misses = memo_buckets(cols, memo, state, *scratch)
-        np.testing.assert_array_equal(scratch[2], expected)
+    want_ids = np.zeros((4, NUM_BUCKETS), np.int64)
+    np.add.at(want_ids, (partition, expected), 1)
+    first = np.concatenate([[True], key[1:] != key[:-1]])
+    want_unique = np.zeros((4, NUM_BUCKETS), np.int64)
+    np.add.at(want_unique, (partition[first], expected[first]), 1)
+    for _ in range(2):
+        got = np.full(len(entries), 99, np.uint8)
+        ids_pb, unique_pb = np.zeros((4, NUM_BUCKETS), np.int64), np.zeros((4, NUM_BUCKETS),
+                                                                           np.int64)
+        scratch = [np.empty(len(entries), np.int64) for _ in range(3)]
+        mk.bucketize(entries, rowbits, log2n, state, memo, *scratch, got, ids_pb, unique_pb)
+        np.testing.assert_array_equal(got, expected)
+        np.testing.assert_array_equal(ids_pb, want_ids)
+        np.testing.assert_array_equal(unique_pb, want_unique)
         inside = cols < 4096
-        assert misses == (len(cols) if round_ == 0 else (~inside).sum())
         np.testing.assert_array_equal(memo[cols[inside]], expected[inside])
-    assert (memo != UNKNOWN).sum() == len(np.unique(cols[cols < 4096]))
+        assert (memo != UNKNOWN).sum() == len(np.unique(cols[inside]))
+        assert (~inside).any() and inside.any()
 
 
 @pytest.mark.parametrize("case", CASES)

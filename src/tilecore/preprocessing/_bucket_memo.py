@@ -15,7 +15,6 @@ import threading
 import numpy as np
 
 from .._numba import njit
-from ._highway import hash_buckets
 
 MAX_MEMO_COLUMNS = 1 << 26  # 64 MiB
 UNKNOWN = np.uint8(0xFF)
@@ -43,29 +42,16 @@ def clear_bucket_memo() -> None:
         _memo = np.zeros(0, np.uint8)
 
 
-@njit(nogil=True, cache=True)
-def memo_buckets(cols, memo, state, misses, miss_buckets, out):
-    """`out[i]` = the bucket of column `cols[i]`: read from `memo`, else hashed (all
-    misses in one `hash_buckets` call) and remembered. `misses`/`miss_buckets` are
-    scratch as long as `cols`."""
-    n_miss = 0
-    size = memo.shape[0]
-    for i in range(cols.shape[0]):
-        c = cols[i]
-        if c < size and memo[c] != UNKNOWN:
-            out[i] = memo[c]
-        else:
-            misses[n_miss] = c
-            out[i] = -1 - n_miss
-            n_miss += 1
-    if n_miss == 0:
-        return 0
-    hash_buckets(misses[:n_miss], state, miss_buckets[:n_miss])
-    for i in range(cols.shape[0]):
-        if out[i] < 0:
-            b = miss_buckets[-1 - out[i]]
-            out[i] = b
-            c = cols[i]
-            if c < size:
-                memo[c] = np.uint8(b)
-    return n_miss
+@njit(nogil=True, cache=True, inline="always")
+def known_bucket(memo, col):
+    """The memoised bucket of column `col`, or -1 where it is not known yet."""
+    if col < memo.shape[0] and memo[col] != UNKNOWN:
+        return np.int64(memo[col])
+    return np.int64(-1)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def remember_bucket(memo, col, bucket):
+    """Memoise column `col`'s bucket (columns past the memo's cap are not kept)."""
+    if col < memo.shape[0]:
+        memo[col] = np.uint8(bucket)

@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 
 from .._numba import njit
-from ._bucket_memo import memo_buckets
-from ._highway import NUM_BUCKETS
+from ._bucket_memo import known_bucket, remember_bucket
+from ._highway import NUM_BUCKETS, hash_buckets
 from ._kernels import SAMPLE_BITS, SUM
 from ._packed import aligned, fill
 
@@ -127,44 +127,56 @@ def unpack(eids, sids, gains, row_pointers, num_partitions, rowbits, out_entries
 
 
 @_jit
-def bucketize(entries, rowbits, log2n, state, memo, cols, col_buckets, misses, miss_buckets,
-              buckets, ids_pb, unique_pb):
+def bucketize(entries, rowbits, log2n, state, memo, starts, misses, miss_buckets, buckets,
+              ids_pb, unique_pb):
     """Bucket of each merged entry's row and the per-(partition, bucket) counts
     `ids_pb`/`unique_pb` (`[N, 64]`, accumulated).
 
-    Entries are sorted by row, so each distinct row is looked up once: its column
-    ID is gathered into `cols`, its bucket read from `memo` or hashed
-    (`memo_buckets`) into `col_buckets`, then every entry takes its row's bucket
-    (`buckets`, uint8). `cols`, `col_buckets`, `misses` and `miss_buckets` are
-    scratch as long as `entries`.
+    One walk: entries are sorted by row, so each distinct row's bucket is read once
+    from `memo`; the rows it does not know yet are set aside (their column in
+    `misses`, their first entry in `starts`), hashed together (`hash_buckets`) after
+    the walk, remembered, and only their runs of entries walked again. `starts`,
+    `misses` and `miss_buckets` are scratch as long as `entries`.
     """
+    n = entries.shape[0]
     sb = np.uint64(SAMPLE_BITS)
     row_mask = np.uint64((1 << rowbits) - 1)
     rb = np.uint64(rowbits)
     shift = np.uint64(log2n)
     last_key = np.uint64(0xFFFFFFFFFFFFFFFF)
-    k = 0
-    for i in range(entries.shape[0]):
+    b = np.int64(0)
+    p = np.int64(0)
+    n_miss = 0
+    for i in range(n):
         key = entries[i] >> sb
         if key != last_key:
             last_key = key
-            cols[k] = np.int64(((key & row_mask) << shift) | (key >> rb))
-            k += 1
-    memo_buckets(cols[:k], memo, state, misses, miss_buckets, col_buckets[:k])
-    last_key = np.uint64(0xFFFFFFFFFFFFFFFF)
-    k = -1
-    b = 0
-    p = 0
-    for i in range(entries.shape[0]):
-        key = entries[i] >> sb
-        if key != last_key:
-            last_key = key
-            k += 1
-            b = col_buckets[k]
             p = np.int64(key >> rb)
-            unique_pb[p, b] += 1
-        buckets[i] = b
-        ids_pb[p, b] += 1
+            col = np.int64(((key & row_mask) << shift) | (key >> rb))
+            b = known_bucket(memo, col)
+            if b >= 0:
+                unique_pb[p, b] += 1
+            else:
+                misses[n_miss] = col
+                starts[n_miss] = i
+                n_miss += 1
+        if b >= 0:
+            buckets[i] = b
+            ids_pb[p, b] += 1
+    if n_miss == 0:
+        return
+    hash_buckets(misses[:n_miss], state, miss_buckets[:n_miss])
+    for m in range(n_miss):
+        b = np.int64(miss_buckets[m])
+        remember_bucket(memo, misses[m], b)
+        i = starts[m]
+        key = entries[i] >> sb
+        p = np.int64(key >> rb)
+        unique_pb[p, b] += 1
+        while i < n and entries[i] >> sb == key:
+            buckets[i] = b
+            ids_pb[p, b] += 1
+            i += 1
 
 
 @_jit

@@ -287,9 +287,8 @@ def _bucketize(stack: StackPacking, merged: Merged, memo: np.ndarray
     ids_pb = np.zeros((n, NUM_BUCKETS), np.int64)
     unique_pb = np.zeros((n, NUM_BUCKETS), np.int64)
     mk.bucketize(merged.entries, stack.rowbits, stack.log2n, _BUCKET_STATE, memo,
-                 scratch("bucket_cols", size, np.int64), scratch("col_buckets", size, np.int64),
-                 scratch("bucket_misses", size, np.int64), scratch("miss_buckets", size, np.int64),
-                 buckets, ids_pb, unique_pb)
+                 scratch("miss_starts", size, np.int64), scratch("bucket_misses", size, np.int64),
+                 scratch("miss_buckets", size, np.int64), buckets, ids_pb, unique_pb)
     mask = int(mk.split_mask(ids_pb, unique_pb, stack.max_ids, stack.max_unique))
     return buckets, np.stack([ids_pb, unique_pb]), mask
 
