@@ -9,7 +9,7 @@ import pytest
 
 import tilecore as tc
 from tilecore import data
-from tilecore.data._zipf import inverse_cdf_table, sample_ids
+from tilecore.data._zipf import coprime_multiplier, inverse_cdf_table, sample_ids
 
 SMALL = 64  # samples per batch: divisible by every topology the tests use
 
@@ -116,6 +116,45 @@ def test_zipf_frequencies_match_the_law() -> None:
         assert abs(counts[rank] - n * p[rank]) < 5 * sigma, rank
     tail = p[2**20 :].sum()  # beyond the exactly summed head
     assert abs((ids >= 2**20).sum() - n * tail) < 5 * math.sqrt(n * tail)
+
+
+def _numpy_sample_ids(rng: np.random.Generator, n: int, vocab: int, s: float,
+                      multiplier: int, offset: int) -> np.ndarray:
+    """The draws in numpy ufuncs, step by step (the compiled `_draw`'s oracle): the cell
+    from the top 16 bits, the position from the low 16 in the table's dtype, rounded after
+    each step, then the rank mapped by a true remainder."""
+    start, width = inverse_cdf_table(vocab, s)
+    raw = rng.bit_generator.random_raw((n + 1) // 2).view(np.uint32)[:n]
+    cell = (raw >> np.uint32(16)).astype(np.intp)
+    position = ((raw & np.uint32(0xFFFF)) * 2.0**-16).astype(start.dtype)
+    x = start[cell] + position * width[cell]
+    return ((x.astype(np.int64) * multiplier + offset) % vocab).astype(np.int32)
+
+
+@pytest.mark.parametrize(("vocab", "s"), [(1, 1.1), (2, 1.2), (1000, 1.1), (4_000_000, 1.05),
+                                          (2**24 + 7, 1.1), (30_000_001, 0.8)])
+def test_zipf_draws_equal_the_numpy_oracle(vocab: int, s: float) -> None:
+    # float32 tables up to 2**24 rows, float64 beyond; the scatter map's products reach
+    # vocab**2, where the compiled remainder's float quotient must still come out exact.
+    rng = np.random.default_rng(vocab)
+    multiplier = coprime_multiplier(vocab, rng) if vocab > 2 else 1
+    offset = int(rng.integers(vocab))
+    got = sample_ids(np.random.default_rng(7), 50_001, vocab_size=vocab, exponent=s,
+                     multiplier=multiplier, offset=offset)
+    want = _numpy_sample_ids(np.random.default_rng(7), 50_001, vocab, s, multiplier, offset)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_the_compiled_remainder_is_exact_at_multiples() -> None:
+    # Next to a multiple of m the float quotient lands on either side of it: the
+    # correction matters there (about 4% of these), never on random x.
+    from tilecore.data._zipf import _mod
+
+    rng = np.random.default_rng(1)
+    for m in (1, 3, 1000, 999_983, 2**24 + 7, 30_000_001, 2**31 - 1):
+        for k in [*rng.integers(1, m + 1, 300).tolist(), m]:
+            for x in (k * m - 1, k * m, k * m + 1):
+                assert _mod(x, m, 1.0 / m) == x % m, (x, m)
 
 
 @pytest.mark.parametrize("vocab", [1, 2, 3, 1000])
