@@ -11,11 +11,10 @@ ranks; beyond that the tail's mass is the integral of (x + ½)^−exponent, whos
 midpoint rule matches the discrete sum to O(r⁻²).
 
 A draw then costs one 32-bit random number (16 bits pick the cell, 16 bits the
-position in it), two gathers from a 256 KiB table, and a multiply and an add, in
-one compiled pass (`_draw`). Ranks
-become IDs through `(rank·multiplier + offset) mod vocab`, a bijection of
-[0, vocab) when gcd(multiplier, vocab) = 1, so the hot IDs land on arbitrary
-partitions instead of all at the start of the table.
+position in it), two gathers from a 256 KiB table, and a multiply and an add, in one
+compiled pass (`_draw`). Ranks become IDs through `(rank·multiplier + offset) mod
+vocab`, a bijection of [0, vocab) when gcd(multiplier, vocab) = 1, so the hot IDs land
+on arbitrary partitions instead of all at the start of the table.
 """
 
 from __future__ import annotations
