@@ -125,8 +125,8 @@ def is_required(stacks: Sequence[StackPacking], stats: PreprocessStats) -> bool:
 
 
 def pack_minibatches(
-    stacks: Sequence[StackPacking], *, sc_per_device: int, allow_id_dropping: bool, agreement: Agreement, batch_number: int, stats: PreprocessStats,
-    parallel_map: Map,
+    stacks: Sequence[StackPacking], *, sc_per_device: int, allow_id_dropping: bool,
+    agreement: Agreement, batch_number: int, stats: PreprocessStats, parallel_map: Map,
 ) -> tuple[int, dict[str, int], dict[str, int]]:
     """Split (if any process needs it) and pack every stack into its buffers.
 
@@ -143,37 +143,58 @@ def pack_minibatches(
         return 1, none, dict(none)
     merged = parallel_map(lambda t: _merged(t[0], t[1], sc_per_device), tasks)
     if required:
-        memo = bucket_memo(max(s.vocab_size for s in stacks))
-        counted = parallel_map(lambda i: _bucketize(tasks[i][0], merged[i], memo),
-                               range(len(tasks)))
-        local = 0
-        for _, _, mask in counted:
-            local |= mask
-        mask = agreement.all_reduce_or(batch_number, "split", local)
-        mb_of_bucket = mk.minibatch_of_buckets(mask)
-        num_mb = int(mb_of_bucket[-1]) + 1
-        failure: LimitExceededError | None = None
-        if not allow_id_dropping:
-            try:
-                _check_single_buckets(tasks, counted, mb_of_bucket, sc_per_device, stats)
-            except LimitExceededError as error:
-                failure = error
-        # Every process learns whether any failed: one that raises alone would leave
-        # the others waiting in the device collectives of a step it never runs.
-        failed_anywhere = agreement.all_reduce_or(batch_number, "failed", int(failure is not None))
-        if failure is not None:
-            raise failure
-        if failed_anywhere:
-            raise PeerPreprocessingError(batch_number)
-        segments = parallel_map(
-            lambda i: _order(tasks[i][0], merged[i], counted[i], mb_of_bucket, num_mb),
-            range(len(tasks)))
+        num_mb, segments = _split(stacks, tasks, merged, allow_id_dropping=allow_id_dropping,
+                                  agreement=agreement, batch_number=batch_number, stats=stats,
+                                  sc_per_device=sc_per_device, parallel_map=parallel_map)
     else:  # a slot was too small for its SparseCore: pack from the merged entries
         num_mb = 1
         segments = [
             _Segments(m.entries, m.gains, m.raw, stack.sorted[sc].ids.reshape(1, -1), True)
             for (stack, sc), m in zip(tasks, merged, strict=True)
         ]
+    dropped, overflow = _write(stacks, tasks, segments, num_mb, sc_per_device, parallel_map)
+    return num_mb, dropped, overflow
+
+
+def _split(stacks: Sequence[StackPacking], tasks: Sequence[tuple[StackPacking, int]],
+           merged: Sequence[Merged], *, allow_id_dropping: bool, agreement: Agreement,
+           batch_number: int, stats: PreprocessStats, sc_per_device: int, parallel_map: Map
+           ) -> tuple[int, list[_Segments]]:
+    """Pass 2's split: every merged entry bucketed, the buckets' split agreed by every
+    process, each SparseCore's entries by (minibatch, partition) segment. Raises on every
+    process when a bucket alone exceeds a limit somewhere and dropping is off."""
+    memo = bucket_memo(max(s.vocab_size for s in stacks))
+    counted = parallel_map(lambda i: _bucketize(tasks[i][0], merged[i], memo),
+                           range(len(tasks)))
+    local = 0
+    for _, _, mask in counted:
+        local |= mask
+    mb_of_bucket = mk.minibatch_of_buckets(agreement.all_reduce_or(batch_number, "split", local))
+    num_mb = int(mb_of_bucket[-1]) + 1
+    failure: LimitExceededError | None = None
+    if not allow_id_dropping:
+        try:
+            _check_single_buckets(tasks, counted, mb_of_bucket, sc_per_device, stats)
+        except LimitExceededError as error:
+            failure = error
+    # Every process learns whether any failed: one that raises alone would leave
+    # the others waiting in the device collectives of a step it never runs.
+    failed_anywhere = agreement.all_reduce_or(batch_number, "failed", int(failure is not None))
+    if failure is not None:
+        raise failure
+    if failed_anywhere:
+        raise PeerPreprocessingError(batch_number)
+    segments = parallel_map(
+        lambda i: _order(tasks[i][0], merged[i], counted[i], mb_of_bucket, num_mb),
+        range(len(tasks)))
+    return num_mb, segments
+
+
+def _write(stacks: Sequence[StackPacking], tasks: Sequence[tuple[StackPacking, int]],
+           segments: Sequence[_Segments], num_mb: int, sc_per_device: int, parallel_map: Map
+           ) -> tuple[dict[str, int], dict[str, int]]:
+    """Every SparseCore's segments packed after the previous one's on its device, the
+    tails filled: (raw IDs dropped per stack, entries past the buffer per stack)."""
     sizes = parallel_map(lambda i: _size(tasks[i], segments[i], num_mb, sc_per_device),
                          range(len(tasks)))
     bases = _bases(tasks, sizes, sc_per_device)
@@ -190,7 +211,7 @@ def pack_minibatches(
         ends[stack.name, sc // sc_per_device] = end
     for stack in stacks:
         _fill_tails(stack, ends, num_mb, sc_per_device)
-    return num_mb, dropped, overflow
+    return dropped, overflow
 
 
 def _compact(stack: StackPacking, device: int, sc_per_device: int) -> None:
