@@ -78,11 +78,30 @@ def _make_job(layout: StackPreprocessing, csrs: tuple[Csr, ...], topology: Topol
 def _run_task(job: _StackJob, device: int, sc: int, num_partitions: int, sc_per_device: int
               ) -> _TaskResult:
     """Count, sort, merge and pack one SparseCore's entries of one stack."""
-    n, layout, weighted = num_partitions, job.layout, job.weighted
-    ids, unique = job.counts[0, device, sc], job.counts[1, device, sc]
+    layout, weighted = job.layout, job.weighted
     slice_index = device * sc_per_device + sc
     hist = scratch("hist", layout.passes << layout.digit_bits, np.int32).reshape(layout.passes, -1)
     hist.fill(0)
+    failed = _count(job, slice_index, hist)
+    if failed is not None:
+        return failed
+    cursor = scratch("cursor", hist.shape[1], np.int64)
+    total = k.prefix_sums(hist[0], cursor)
+    entries, gains, sample_gains, entries2, gains2 = _sort_buffers(layout, total, weighted)
+    failed = _stage(job, slice_index, cursor, entries, gains, sample_gains)
+    if failed is not None:
+        return failed
+    for p in range(1, layout.passes):
+        k.radix_pass(entries, gains, entries2, gains2, weighted, p * layout.digit_bits,
+                     layout.digit_bits, hist[p])
+        entries, gains, entries2, gains2 = entries2, gains2, entries, gains
+    return _emit(job, device, sc, num_partitions, sc_per_device, entries, gains, sample_gains)
+
+
+def _count(job: _StackJob, slice_index: int, hist: np.ndarray) -> _TaskResult | None:
+    """The first radix digit's histogram of the SparseCore's entries into `hist`; the
+    first out-of-vocabulary ID as a failed result."""
+    layout = job.layout
     for part, csr in zip(layout.features, job.csrs, strict=True):
         r0 = slice_index * part.rows_per_sc
         bad = k.count(csr.values, csr.splits, r0, r0 + part.rows_per_sc,
@@ -90,9 +109,14 @@ def _run_task(job: _StackJob, device: int, sc: int, num_partitions: int, sc_per_
                       layout.rowbits, layout.digit_bits, layout.passes, hist)
         if bad >= 0:
             return _TaskResult((_BAD_ID, part.feature, csr, bad))
-    cursor = scratch("cursor", hist.shape[1], np.int64)
-    total = k.prefix_sums(hist[0], cursor)
-    entries, gains, sample_gains, entries2, gains2 = _sort_buffers(layout, total, weighted)
+    return None
+
+
+def _stage(job: _StackJob, slice_index: int, cursor: np.ndarray, entries: np.ndarray,
+           gains: np.ndarray, sample_gains: np.ndarray) -> _TaskResult | None:
+    """The SparseCore's entries (and their gains) into place by the first digit; the
+    first non-finite weight or zero weight sum as a failed result."""
+    layout, weighted = job.layout, job.weighted
     for part, csr in zip(layout.features, job.csrs, strict=True):
         r0 = slice_index * part.rows_per_sc
         weights = csr.weights
@@ -106,10 +130,15 @@ def _run_task(job: _StackJob, device: int, sc: int, num_partitions: int, sc_per_
         )
         if code != k.OK:
             return _TaskResult((code, part.feature, csr, where))
-    for p in range(1, layout.passes):
-        k.radix_pass(entries, gains, entries2, gains2, weighted, p * layout.digit_bits,
-                     layout.digit_bits, hist[p])
-        entries, gains, entries2, gains2 = entries2, gains2, entries, gains
+    return None
+
+
+def _emit(job: _StackJob, device: int, sc: int, n: int, sc_per_device: int,
+          entries: np.ndarray, gains: np.ndarray, sample_gains: np.ndarray) -> _TaskResult:
+    """Merge the sorted entries and pack them into the SparseCore's part of the buffers
+    (with minibatching: speculatively, keeping what pass 2 may need)."""
+    layout, weighted = job.layout, job.weighted
+    ids, unique = job.counts[0, device, sc], job.counts[1, device, sc]
     b = job.buffers
     start, packed = sc * layout.slot, False
     if job.minibatching:
