@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from typing import Any
 
 import numpy as np
 
@@ -63,49 +64,13 @@ def _reset_peak_rss() -> None:
 
 def main(batches_path: str, result_path: str) -> None:
     import torch
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
-    from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
-        BoundsCheckMode,
-        EmbeddingLocation,
-        PoolingMode,
-    )
-    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
-        ComputeDevice,
-        SplitTableBatchedEmbeddingBagsCodegen,
-    )
 
     archive = np.load(batches_path)
     meta = json.loads(str(archive["meta"]))
     torch.set_num_threads(int(meta["threads"]))
     features = meta["features"]
-    tables = list(dict.fromkeys(f["table"] for f in features))
-    vocab = {f["table"]: int(f["vocab"]) for f in features}
-    dim = {f["table"]: int(f["dim"]) for f in features}
-    combiners = {f["combiner"] for f in features}
-    if len(combiners) != 1 or combiners - {"sum", "mean"}:
-        raise SystemExit(f"FBGEMM peer: one combiner, sum or mean, per run; got {combiners}")
-    optimizer = {"sgd": EmbOptimType.EXACT_SGD,
-                 "adagrad": EmbOptimType.EXACT_ADAGRAD}[meta["optimizer"]]
-    embedding = SplitTableBatchedEmbeddingBagsCodegen(
-        embedding_specs=[(vocab[t], dim[t], EmbeddingLocation.HOST, ComputeDevice.CPU)
-                         for t in tables],
-        feature_table_map=[tables.index(f["table"]) for f in features],
-        optimizer=optimizer, learning_rate=float(meta["learning_rate"]), eps=1e-8,
-        pooling_mode=PoolingMode.SUM if combiners == {"sum"} else PoolingMode.MEAN,
-        bounds_check_mode=BoundsCheckMode.NONE,  # tilecore's device ops do not range-check
-        weights_precision={"fp32": SparseType.FP32, "fp16": SparseType.FP16}[
-            meta.get("weights", "fp32")],
-        stochastic_rounding=True,  # as tilecore's half tables
-        device=torch.device("cpu"),
-    )
-    inputs = []
-    for i in range(int(meta["batches"])):
-        values = [archive[f"b{i}/{f['name']}/values"].astype(np.int64) for f in features]
-        splits = [archive[f"b{i}/{f['name']}/row_splits"].astype(np.int64) for f in features]
-        starts = np.cumsum([0] + [len(v) for v in values[:-1]])
-        offsets = np.concatenate([s[:-1] + o for s, o in zip(splits, starts, strict=True)]
-                                 + [[starts[-1] + len(values[-1])]])
-        inputs.append((torch.from_numpy(np.concatenate(values)), torch.from_numpy(offsets)))
+    embedding = _embedding(meta, features)
+    inputs = _inputs(archive, int(meta["batches"]), features)
     rng = np.random.default_rng(int(meta["seed"]))
     projection = torch.from_numpy(np.concatenate([
         rng.standard_normal((int(f["dim"]), 8)) / np.sqrt(int(f["dim"])) for f in features
@@ -139,11 +104,65 @@ def main(batches_path: str, result_path: str) -> None:
         "file_rss_mb": file_rss_mb,
         "torch_version": torch.__version__,
         "fbgemm_version": getattr(fbgemm_gpu, "__version__", "unknown"),
-        "optimizer": str(optimizer),
+        "optimizer": str(embedding.optimizer),
         "weights_precision": str(embedding.weights_precision),
     }
     with open(result_path, "w") as out:
         json.dump(result, out)
+
+
+def _embedding(meta: dict[str, Any], features: list[dict[str, Any]]) -> Any:
+    """FBGEMM's table-batched embeddings of the run's tables on the CPU, with its fused
+    optimizer (exact SGD or Adagrad) and pooling (sum or mean)."""
+    import torch
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
+        BoundsCheckMode,
+        EmbeddingLocation,
+        PoolingMode,
+    )
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+        ComputeDevice,
+        SplitTableBatchedEmbeddingBagsCodegen,
+    )
+
+    tables = list(dict.fromkeys(f["table"] for f in features))
+    vocab = {f["table"]: int(f["vocab"]) for f in features}
+    dim = {f["table"]: int(f["dim"]) for f in features}
+    combiners = {f["combiner"] for f in features}
+    if len(combiners) != 1 or combiners - {"sum", "mean"}:
+        raise SystemExit(f"FBGEMM peer: one combiner, sum or mean, per run; got {combiners}")
+    optimizer = {"sgd": EmbOptimType.EXACT_SGD,
+                 "adagrad": EmbOptimType.EXACT_ADAGRAD}[meta["optimizer"]]
+    return SplitTableBatchedEmbeddingBagsCodegen(
+        embedding_specs=[(vocab[t], dim[t], EmbeddingLocation.HOST, ComputeDevice.CPU)
+                         for t in tables],
+        feature_table_map=[tables.index(f["table"]) for f in features],
+        optimizer=optimizer, learning_rate=float(meta["learning_rate"]), eps=1e-8,
+        pooling_mode=PoolingMode.SUM if combiners == {"sum"} else PoolingMode.MEAN,
+        bounds_check_mode=BoundsCheckMode.NONE,  # tilecore's device ops do not range-check
+        weights_precision={"fp32": SparseType.FP32, "fp16": SparseType.FP16}[
+            meta.get("weights", "fp32")],
+        stochastic_rounding=True,  # as tilecore's half tables
+        device=torch.device("cpu"),
+    )
+
+
+def _inputs(archive: Any, batches: int, features: list[dict[str, Any]]
+            ) -> list[tuple[Any, Any]]:
+    """Each batch as FBGEMM takes it: every feature's IDs back to back and the bags'
+    offsets into them (int64 tensors)."""
+    import torch
+
+    inputs = []
+    for i in range(batches):
+        values = [archive[f"b{i}/{f['name']}/values"].astype(np.int64) for f in features]
+        splits = [archive[f"b{i}/{f['name']}/row_splits"].astype(np.int64) for f in features]
+        starts = np.cumsum([0] + [len(v) for v in values[:-1]])
+        offsets = np.concatenate([s[:-1] + o for s, o in zip(splits, starts, strict=True)]
+                                 + [[starts[-1] + len(values[-1])]])
+        inputs.append((torch.from_numpy(np.concatenate(values)), torch.from_numpy(offsets)))
+    return inputs
 
 
 if __name__ == "__main__":
