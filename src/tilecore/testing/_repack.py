@@ -69,8 +69,7 @@ def repack_minibatched(
     if not 1 <= num_minibatches <= MAX_MINIBATCHES:
         raise ValueError(f"num_minibatches must be in [1, 64]; got {num_minibatches}.")
     topo = plan.topology
-    n, s, local = topo.num_partitions, topo.sc_per_device, topo.num_local_devices
-    per_sc = max(n, 8)
+    n, local = topo.num_partitions, topo.num_local_devices
     stacks, most = {}, {}
     for name, buffers in batch.stacks.items():
         shape = np.shape(buffers.embedding_ids)
@@ -78,34 +77,11 @@ def repack_minibatched(
         arrays = [np.asarray(x).reshape(local, -1) for x in
                   (buffers.embedding_ids, buffers.sample_ids, buffers.gains)]
         rows_per_shard = plan.stacks[name].vocab_size // n
-        packed, most[name] = [], 0
-        for d in range(local):
-            eids, sids, gains = (x[d] for x in arrays)
-            positions = _device_entries(rp_all[d], eids.shape[0], s, per_sc, n)
-            order, ends = [], np.zeros(per_sc * MAX_MINIBATCHES * s, np.int32)
-            cursor = 0
-            for sc in range(s):
-                groups = []
-                for p in range(n):
-                    pos = positions[sc][p]
-                    mb = np.asarray(minibatch_of(name, p * rows_per_shard + eids[pos]))
-                    if mb.shape != pos.shape or np.any((mb < 0) | (mb >= num_minibatches)):
-                        raise ValueError(f"minibatch_of({name!r}, ...) must give one minibatch "
-                                         f"in [0, {num_minibatches}) per row; got {mb!r}.")
-                    groups.append([pos[mb == m] for m in range(num_minibatches)])
-                for m in range(num_minibatches):
-                    block = (sc * num_minibatches + m) * per_sc
-                    for p in range(n):
-                        chosen = groups[p][m]
-                        start = round_up(cursor, 8)
-                        order.append((start, chosen))
-                        cursor = start + len(chosen)
-                        ends[block + p] = cursor
-                        most[name] = max(most[name], len(chosen))
-                    ends[block + n:block + per_sc] = round_up(cursor, 8)
-            ends[(s * num_minibatches) * per_sc:] = round_up(cursor, 8)
-            packed.append((ends, order, cursor, eids, sids, gains))
-        needed = max(round_up(c, 8 * s) for _, _, c, *_ in packed)
+        layouts = [_device_layout(name, rp_all[d], arrays[0][d], topo.sc_per_device, n,
+                                  num_minibatches, minibatch_of, rows_per_shard)
+                   for d in range(local)]
+        most[name] = max(m for *_, m in layouts)
+        needed = max(round_up(cursor, 8 * topo.sc_per_device) for _, _, cursor, _ in layouts)
         size = max(shape[-1] // (local if len(shape) == 1 else 1), needed)
         if buffer_size is not None:
             if buffer_size < needed:
@@ -114,11 +90,11 @@ def repack_minibatched(
             size = buffer_size
         out = [np.empty((local, size), dtype) for dtype in (np.int32, np.int32, np.float32)]
         out[0][:], out[1][:], out[2][:] = FILLER, FILLER, np.nan
-        for d, (_, order, _, eids, sids, gains) in enumerate(packed):
+        for d, (_, order, _, _) in enumerate(layouts):
             for start, chosen in order:
-                for target, source in zip(out, (eids, sids, gains), strict=True):
-                    target[d, start:start + len(chosen)] = source[chosen]
-        rps = np.stack([p[0] for p in packed])
+                for target, source in zip(out, arrays, strict=True):
+                    target[d, start:start + len(chosen)] = source[d][chosen]
+        rps = np.stack([ends for ends, *_ in layouts])
         flat = len(shape) == 1
         stacks[name] = StackBuffers(
             row_pointers=rps.reshape(-1) if flat else rps,
@@ -127,3 +103,36 @@ def repack_minibatched(
             gains=out[2].reshape(-1) if flat else out[2],
         )
     return PreprocessedBatch(stacks=stacks, num_minibatches=num_minibatches), most
+
+
+def _device_layout(name: str, rp: np.ndarray, eids: np.ndarray, s: int, n: int,
+                   num_minibatches: int, minibatch_of: MinibatchOf, rows_per_shard: int
+                   ) -> tuple[np.ndarray, list[tuple[int, np.ndarray]], int, int]:
+    """One device's minibatched layout: (its row pointers, where each (SparseCore,
+    minibatch, partition) segment starts with the standard-layout positions it takes,
+    its end, the most entries a segment holds)."""
+    per_sc = max(n, 8)
+    positions = _device_entries(rp, eids.shape[0], s, per_sc, n)
+    order, ends = [], np.zeros(per_sc * MAX_MINIBATCHES * s, np.int32)
+    cursor, most = 0, 0
+    for sc in range(s):
+        groups = []
+        for p in range(n):
+            pos = positions[sc][p]
+            mb = np.asarray(minibatch_of(name, p * rows_per_shard + eids[pos]))
+            if mb.shape != pos.shape or np.any((mb < 0) | (mb >= num_minibatches)):
+                raise ValueError(f"minibatch_of({name!r}, ...) must give one minibatch "
+                                 f"in [0, {num_minibatches}) per row; got {mb!r}.")
+            groups.append([pos[mb == m] for m in range(num_minibatches)])
+        for m in range(num_minibatches):
+            block = (sc * num_minibatches + m) * per_sc
+            for p in range(n):
+                chosen = groups[p][m]
+                start = round_up(cursor, 8)
+                order.append((start, chosen))
+                cursor = start + len(chosen)
+                ends[block + p] = cursor
+                most = max(most, len(chosen))
+            ends[block + n:block + per_sc] = round_up(cursor, 8)
+    ends[(s * num_minibatches) * per_sc:] = round_up(cursor, 8)
+    return ends, order, cursor, most
