@@ -139,26 +139,38 @@ def run_steps(step: TrainStep, state: TrainState, hooks: Hooks, *, plan: Stackin
                 done = i + 1
                 if done % eval_every == 0 or done == steps:
                     flush()
-                    t_eval = time.perf_counter()
-                    with annotate("eval"):
-                        loss, score = hooks.evaluate(run.state)
-                    stats.evals.append(EvalPoint(step=done, loss=loss, auc=score))
-                    stats.eval_seconds += time.perf_counter() - t_eval
-                    bar.exclude(time.perf_counter() - t_eval)
-                    bar.message(f"eval after step {done}: loss {loss:.4f}  AUC {score:.4f}")
+                    _evaluate(hooks, run.state, done, stats, bar)
                 bar.update(done, stats.train_losses[-1] if stats.train_losses else None)
             state, begin = run.state, end
             flush()
             if hooks.save is not None:
-                t_save = time.perf_counter()
-                with annotate("checkpoint"):
-                    stats.checkpoint = str(hooks.save(state, step=end))
-                stats.checkpoint_seconds += time.perf_counter() - t_save
-                bar.exclude(time.perf_counter() - t_save)
+                _save(hooks.save, state, end, stats, bar)
     bar.close()
     stats.timed_seconds = (time.perf_counter() - t_loop - stats.compile_seconds
                            - stats.eval_seconds - stats.checkpoint_seconds)
     return state, stats
+
+
+def _evaluate(hooks: Hooks, state: TrainState, done: int, stats: LoopStats,
+              bar: Progress) -> None:
+    """Evaluate after step `done`: the point into `stats`, its time out of the bar's rate."""
+    t_eval = time.perf_counter()
+    with annotate("eval"):
+        loss, score = hooks.evaluate(state)
+    stats.evals.append(EvalPoint(step=done, loss=loss, auc=score))
+    stats.eval_seconds += time.perf_counter() - t_eval
+    bar.exclude(time.perf_counter() - t_eval)
+    bar.message(f"eval after step {done}: loss {loss:.4f}  AUC {score:.4f}")
+
+
+def _save(save: Callable[..., Path], state: TrainState, end: int, stats: LoopStats,
+          bar: Progress) -> None:
+    """Checkpoint at step `end`: the path into `stats`, its time out of the bar's rate."""
+    t_save = time.perf_counter()
+    with annotate("checkpoint"):
+        stats.checkpoint = str(save(state, step=end))
+    stats.checkpoint_seconds += time.perf_counter() - t_save
+    bar.exclude(time.perf_counter() - t_save)
 
 
 def evaluate_all(evaluate: Any, state: TrainState,
