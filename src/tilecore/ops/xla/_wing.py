@@ -139,12 +139,12 @@ def updated_locally(kernels: Wing, flat: FlatBuffers, grads: Sequence[jax.Array]
                     rounding: Rounding | None) -> EmbeddingVariables:
     """One device's update by `kernels.row_gradients` and `kernels.apply_update` (this
     wing's, or another's that shares the rest of this one), from the slices' gradients
-    stacked into one block. Every occurrence of a row
-    lies in one minibatch (preprocessing buckets rows by hash), so the minibatches
-    update disjoint rows and minibatched buffers are applied in a single pass: the same
-    result as a pass per minibatch, at about the standard layout's cost, without a loop
-    that carries the tables (at M=1 that loop made the criteo26 training step 2.1x the
-    standard one on CPU, 1.5x on GPU)."""
+    stacked into one block. Every occurrence of a row lies in one minibatch
+    (preprocessing buckets rows by hash), so the minibatches update disjoint rows and
+    minibatched buffers are applied in a single pass: the same result as a pass per
+    minibatch, at about the standard layout's cost, without a loop that carries the
+    tables (at M=1 that loop made the criteo26 training step 2.1x the standard one on
+    CPU, 1.5x on GPU)."""
     if layout.minibatched:
         entries, source = buffer_entries(*flat, layout, num_minibatches)
     else:
