@@ -23,7 +23,11 @@ exception publish its error and exit at once; every process also bumps a count i
 the store every second, and the first peer to see one stand still for `silent_s`
 (30 s) publishes that silence. Every peer that reads either exits non-zero within
 seconds, naming the process. (Process 0 hosts the store: when it is killed, JAX
-itself ends every peer at once, an abort whose log blames the leader task.)
+itself ends every peer at once, an abort whose log blames the leader task. The
+client's `missed_heartbeat_callback`, which `jax.distributed.initialize` does not
+expose, cannot turn that into a Python error either: given a Python callable,
+jaxlib 0.10.2 fails to hand it the `absl::Status` and terminates the process
+(`std::bad_cast`), tried 2026-11-28.)
 """
 
 from __future__ import annotations
