@@ -169,8 +169,9 @@ def test_update_parts_write_their_own_rows_and_add_up_to_the_whole(sorted_runs: 
     rng = np.random.default_rng(5)
     for name, layout in stack_layouts(plan).items():
         spec = plan.stacks[name].optimizer
-        kernel = fused_kernels(spec).update_buffers.kernel
-        hf, hi = (np.asarray(x) for x in _hyper_operands(spec, 3, None))
+        kernels = fused_kernels(spec)
+        kernel = kernels.update_buffers.kernel
+        hf, hi = (np.asarray(x) for x in _hyper_operands(kernels.rule, spec, 3, None))
         rows = layout.rows_per_device
         ins = [rng.standard_normal((rows, layout.dim)).astype(np.float32)
                for _ in range(1 + len(spec.slot_names))]
@@ -211,8 +212,9 @@ def test_update_rows_parts_write_their_own_rows_and_add_up_to_the_whole() -> Non
     from tilecore.ops.cpu._fused_update import _hyper_operands
 
     spec = OPTIMIZERS["adagrad"]
-    kernel = fused_kernels(spec).update_rows.kernel
-    hf, hi = (np.asarray(x) for x in _hyper_operands(spec, 3, None))
+    kernels = fused_kernels(spec)
+    kernel = kernels.update_rows.kernel
+    hf, hi = (np.asarray(x) for x in _hyper_operands(kernels.rule, spec, 3, None))
     rng = np.random.default_rng(6)
     ins = [rng.standard_normal((97, 8)).astype(np.float32), rng.random((97, 8), np.float32)]
     rows = np.concatenate([rng.permutation(97)[:60], [-1, 97, 500]]).astype(np.int32)
@@ -228,3 +230,33 @@ def test_update_rows_parts_write_their_own_rows_and_add_up_to_the_whole() -> Non
             for got, want in zip(outs, whole, strict=True):
                 np.testing.assert_array_equal(got[:done], want[:done])
                 assert np.isnan(got[done:]).all()
+
+
+def _update_size(optimizer: tc.OptimizerSpec) -> float:
+    """Σ|table change| after one `lookup_grad` of unit gradients: 16 IDs, each row once."""
+    table = tc.TableSpec(name="t", vocab_size=32, embedding_dim=4, combiner="sum",
+                         optimizer=optimizer)
+    plan = tc.plan_stacking([tc.FeatureSpec(name="f", table=table, input_shape=(8, 2))],
+                            tc.Topology(global_devices=1, sc_per_device=2))
+    batch, _ = tc.preprocess(plan, {"f": np.arange(16).reshape(8, 2)})
+    variables = ops.init_tables(plan, jax.random.key(0))
+    before = np.asarray(variables["t"].table).copy()
+    after = ops.lookup_grad(plan, batch, variables, {"f": jnp.ones((8, 4))}, 0)
+    return float(np.abs(np.asarray(after["t"].table) - before).sum())
+
+
+def test_rates_and_hyperparameters_of_any_number_type_update_alike(kernels: str) -> None:
+    """An int learning rate from a schedule, or an int hyperparameter of a custom rule, is
+    the number it says, whichever table of the process compiled the rule first (the fused
+    kernels once read an int as float bits, or a float as 0, and updated nothing)."""
+    sizes = [_update_size(tc.SGD(learning_rate=lr)) for lr in (
+        lambda step: 1, 1.0, 0.5, lambda step: np.int64(2), lambda step: jnp.int32(1))]
+    assert sizes == [64.0, 64.0, 32.0, 128.0, 64.0]
+
+    def scaled(grad: Any, row: Any, learning_rate: Any, scale: Any) -> tuple[Any]:
+        return (row - learning_rate * scale * grad,)
+
+    sizes = [_update_size(tc.CustomOptimizer(update_fn=scaled, learning_rate=0.5,
+                                             extra_hyperparameters=(scale,)))
+             for scale in (2, 2.0, 3, 0.5)]  # type: ignore[arg-type]
+    assert sizes == [64.0, 64.0, 96.0, 16.0]

@@ -6,6 +6,7 @@ import dataclasses
 import math
 from typing import Any
 
+import numpy as np
 import pytest
 
 import tilecore as tc
@@ -273,3 +274,28 @@ def test_adam_rejects_a_string_beta_by_name() -> None:
 def test_quantization_rejects_bad_values(changes: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=f"QuantizationConfig: {match}"):
         tc.QuantizationConfig(**changes)
+
+
+@pytest.mark.parametrize(("schedule", "message"), [
+    (lambda step: np.float32("nan"), "returned nan at step=3; it must return a finite number >= 0"),
+    (lambda step: -0.1, "returned -0.1 at step=3; it must return a finite number >= 0"),
+    (lambda step: np.array([0.1]), r"returned array\(\[0.1\]\) at step=3; it must return a scalar"),
+    (lambda step: "0.1", "returned '0.1' at step=3; it must return a scalar"),
+    (lambda step: True, "returned True at step=3; it must return a scalar"),
+    (lambda step: None, "returned None at step=3; it must return a scalar"),
+])
+def test_schedule_returning_a_non_rate(schedule: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=f"SGD: the learning-rate schedule {message}"):
+        tc.SGD(learning_rate=schedule).learning_rate_at(3)
+
+
+def test_a_schedule_rate_is_a_float_whatever_its_number_type() -> None:
+    import jax
+    import jax.numpy as jnp
+
+    for schedule in (lambda step: 1, lambda step: np.int64(1), lambda step: jnp.int32(1),
+                     lambda step: np.array(1.0), lambda step: 0):
+        rate = tc.SGD(learning_rate=schedule).learning_rate_at(3)
+        assert type(rate) is float and rate == float(schedule(3))
+    traced = jax.jit(lambda step: tc.SGD(learning_rate=lambda s: s + 1).learning_rate_at(step))
+    assert traced(jnp.int32(2)).dtype == jnp.float32 and float(traced(jnp.int32(2))) == 3.0

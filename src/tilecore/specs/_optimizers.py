@@ -62,16 +62,33 @@ class OptimizerSpec:
 
         `step` may be a Python int or a traced JAX scalar (inside `jit`); a schedule
         must then be written with traceable arithmetic (e.g. optax schedules).
+        Whatever number type the schedule returns (a Python or NumPy int, a JAX array),
+        the rate is a float: a concrete value is checked (a finite number >= 0) and
+        returned as a Python float, a traced one is cast to float32 (its value is
+        known only on the device).
+
+        Raises:
+          ValueError: the schedule returned something other than a scalar, or a
+            concrete value that is not finite or is negative.
         """
         lr = self.learning_rate
         if not callable(lr):
             return float(lr)
-        value = lr(step)
-        if isinstance(value, int | float) and not math.isfinite(value):
-            raise ValueError(
-                f"{type(self).__name__}: the learning-rate schedule returned {value} at step={step}."
-            )
-        return value
+        owner = f"{type(self).__name__}: the learning-rate schedule"
+        value: Any = lr(step)
+        shape = getattr(value, "shape", ())
+        if isinstance(value, bool | str | bytes) or not (
+                isinstance(value, int | float) or hasattr(value, "astype")) or shape != ():
+            raise ValueError(f"{owner} returned {value!r} at step={step}; it must return a "
+                             "scalar number (a float, or a 0-d array).")
+        try:
+            rate = float(value)
+        except TypeError:  # traced (jax's ConcretizationTypeError is a TypeError)
+            return value.astype("float32")
+        if not (math.isfinite(rate) and rate >= 0):
+            raise ValueError(f"{owner} returned {rate} at step={step}; it must return a "
+                             "finite number >= 0.")
+        return rate
 
     def slot_initial_values(self) -> tuple[float, ...]:
         """Constant each slot variable starts from, in `slot_names` order."""

@@ -229,7 +229,9 @@ def fused_kernels(spec: OptimizerSpec, dtype: Any = np.float32) -> FusedKernels 
 
 
 def _rule_source_cached(rule: Any, kind: type, spec: OptimizerSpec) -> RuleSource | None:
-    key = (rule, kind, len(spec.slot_names), len(spec.hyperparameters(0)))
+    # The source depends on each hyperparameter's kind (float or int operand), so two specs
+    # of one rule whose hyperparameters differ in kind get sources of their own.
+    key = (rule, kind, len(spec.slot_names), tuple(map(hyper_kind, spec.hyperparameters(0))))
     if key not in _SOURCES:
         _SOURCES[key] = rule_source(spec)
     return _SOURCES[key]
@@ -238,13 +240,21 @@ def _rule_source_cached(rule: Any, kind: type, spec: OptimizerSpec) -> RuleSourc
 _SOURCES: dict[Any, RuleSource | None] = {}
 
 
-def _hyper_operands(spec: OptimizerSpec, step: Any, clip: tuple[float, float] | None,
-                    dtype: Any = np.float32, rounding: Rounding | None = None
-                    ) -> tuple[jax.Array, jax.Array]:
-    """The kernel's float and int operands: hyperparameters by kind, then the clip range;
-    for a half table the ints end with its format, rounding key and first global row."""
+def _hyper_operands(rule: RuleSource, spec: OptimizerSpec, step: Any,
+                    clip: tuple[float, float] | None, dtype: Any = np.float32,
+                    rounding: Rounding | None = None) -> tuple[jax.Array, jax.Array]:
+    """The kernel's float and int operands: hyperparameters by the kind `rule` was compiled
+    for, then the clip range; for a half table the ints end with its format, rounding key
+    and first global row. Raises ValueError when a hyperparameter's kind at `step` is not
+    the one at step 0 (the kernel would read it as the other kind)."""
     values = spec.hyperparameters(step)
-    kinds = [hyper_kind(v) for v in values]
+    kinds = rule.hyper_kinds
+    now = tuple(map(hyper_kind, values))
+    if now != kinds:
+        raise ValueError(
+            f"{type(spec).__name__}: its hyperparameters at step {step} are of kinds {now} "
+            f"(f: float, i: int or bool, None: not a scalar), at step 0 {kinds}; each must "
+            "keep its kind from step to step.")
     low, high = (-np.inf, np.inf) if clip is None else clip
     floats = [jnp.asarray(v, jnp.float32) if k == "f" else jnp.float32(0)
               for v, k in zip(values, kinds, strict=True)]
@@ -279,7 +289,7 @@ def fused_update_buffers(kernels: FusedKernels, flat: Any, grads: Sequence[jax.A
     """One device's variables after the fused update from its own buffers (`which` =
     [minibatch, minibatches]), each slice's gradients read where they lie (no block of
     them is built); `rounding` for a half-precision table."""
-    hf, hi = _hyper_operands(spec, step, clip, variables.table.dtype, rounding)
+    hf, hi = _hyper_operands(kernels.rule, spec, step, clip, variables.table.dtype, rounding)
     arrays = (variables.table, *variables.slots)
     out = kernels.update_buffers(_kernels.layout_array(layout), which, *flat,
                                  _kernels.slice_operand(slices), hf, hi, *arrays, *grads,
@@ -294,7 +304,7 @@ def fused_update_rows(kernels: FusedKernels, variables: EmbeddingVariables, rows
                       rounding: Rounding | None = None) -> EmbeddingVariables:
     """The variables after the rule on the `count` leading (distinct) rows, in one pass
     (`rounding` for a half-precision table)."""
-    hf, hi = _hyper_operands(spec, step, clip, variables.table.dtype, rounding)
+    hf, hi = _hyper_operands(kernels.rule, spec, step, clip, variables.table.dtype, rounding)
     real = jnp.int32(rows.shape[0]) if count is None else jnp.asarray(count, jnp.int32)
     arrays = (variables.table, *variables.slots)
     out = kernels.update_rows(rows, sums, real.reshape(1), hf, hi, *arrays,
