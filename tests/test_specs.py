@@ -299,3 +299,43 @@ def test_a_schedule_rate_is_a_float_whatever_its_number_type() -> None:
         assert type(rate) is float and rate == float(schedule(3))
     traced = jax.jit(lambda step: tc.SGD(learning_rate=lambda s: s + 1).learning_rate_at(step))
     assert traced(jnp.int32(2)).dtype == jnp.float32 and float(traced(jnp.int32(2))) == 3.0
+
+
+def test_numpy_numbers_are_taken_as_the_python_numbers_they_are() -> None:
+    """A size computed with NumPy (`ids.max() + 1`) is an integer: accepted, and held as a
+    Python int (the message once said `must be an integer >= 1, got np.int64(16)`)."""
+    items = tc.TableSpec(name="t", vocab_size=np.int64(16), embedding_dim=np.int32(4),
+                         max_ids_per_partition=np.uint16(9),
+                         optimizer=tc.Adagrad(learning_rate=np.float32(0.5),
+                                              initial_accumulator_value=np.float64(0.25)))
+    feature = tc.FeatureSpec(name="f", table=items, input_shape=(np.int64(8), np.int64(2)))
+    topology = tc.Topology(global_devices=np.int64(2), sc_per_device=np.int8(2))
+    config = tc.SparseCoreConfig(max_ids_per_table={"t": np.int64(10)})
+    held = (items.vocab_size, items.embedding_dim, items.max_ids_per_partition,
+            items.optimizer.learning_rate, items.optimizer.initial_accumulator_value,
+            *feature.input_shape, topology.global_devices, topology.sc_per_device,
+            topology.num_local_devices, config.max_ids_per_table["t"])
+    assert held == (16, 4, 9, 0.5, 0.25, 8, 2, 2, 2, 2, 10)
+    assert [type(v) for v in held] == [int, int, int, float, float, int, int, int, int, int, int]
+    assert items == tc.TableSpec(name="t", vocab_size=16, embedding_dim=4, max_ids_per_partition=9,
+                                 optimizer=tc.Adagrad(learning_rate=0.5,
+                                                      initial_accumulator_value=0.25))
+    for not_a_count in (np.True_, True, 16.0, np.float64(16.0)):
+        with pytest.raises(ValueError, match="vocab_size must be an integer >= 1"):
+            table(vocab_size=not_a_count)
+
+
+@pytest.mark.parametrize(("make", "match"), [
+    (lambda: tc.Adagrad(initial_accumulator_value=0.0),
+     "Adagrad: initial_accumulator_value must be a finite number > 0"),
+    (lambda: tc.Adagrad(initial_accumulator_value=-1.0),
+     "Adagrad: initial_accumulator_value must be a finite number > 0"),
+    (lambda: tc.AdagradMomentum(initial_accumulator_value=-0.5),
+     "AdagradMomentum: initial_accumulator_value must be >= 0"),
+    (lambda: tc.AdagradMomentum(epsilon=-1e-3), "AdagradMomentum: epsilon must be >= 0"),
+])
+def test_accumulators_that_would_make_nan(make: Any, match: str) -> None:
+    """Adagrad has no epsilon: its first update divides by √(a + g²), which is 0 for a row
+    whose gradient sums to 0 when a = 0, and imaginary for small ones when a < 0."""
+    with pytest.raises(ValueError, match=match):
+        make()

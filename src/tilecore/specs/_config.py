@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
+from ._numbers import make_plain, plain
+
 DEFAULT_ACTIVATION_MEM_BYTES_LIMIT = 2 * 1024 * 1024
 
 
@@ -40,6 +42,11 @@ class SparseCoreConfig:
     enable_minibatching: bool = False
 
     def __post_init__(self) -> None:
+        make_plain(self, "max_ids_per_chip_per_sample", "activation_mem_bytes_limit")
+        for field in ("max_ids_per_table", "max_unique_ids_per_table"):
+            budgets = getattr(self, field)
+            if isinstance(budgets, Mapping) and any(plain(v) is not v for v in budgets.values()):
+                object.__setattr__(self, field, {k: plain(v) for k, v in budgets.items()})
         for flag in ("disable_table_stacking", "allow_id_dropping", "enable_minibatching"):
             if not isinstance(getattr(self, flag), bool):
                 raise TypeError(

@@ -12,6 +12,8 @@ import math
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+from ._numbers import make_plain
+
 LearningRate = float | Callable[[int], float]
 
 
@@ -54,6 +56,7 @@ class OptimizerSpec:
         return self._slot_names
 
     def __post_init__(self) -> None:
+        make_plain(self, *(f.name for f in dataclasses.fields(self)))
         if not callable(self.learning_rate):
             _check_positive(type(self).__name__, "learning_rate", self.learning_rate)
 
@@ -117,7 +120,9 @@ class Adagrad(OptimizerSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_finite("Adagrad", "initial_accumulator_value", self.initial_accumulator_value)
+        # No epsilon (as on the reference): the first update divides by the square root of
+        # this plus g², so 0 makes a row whose gradient sums to 0 NaN, and < 0 any small one.
+        _check_positive("Adagrad", "initial_accumulator_value", self.initial_accumulator_value)
 
     def slot_initial_values(self) -> tuple[float, ...]:
         return (self.initial_accumulator_value,)
@@ -148,6 +153,10 @@ class AdagradMomentum(OptimizerSpec):
         for name in ("momentum", "beta2", "epsilon", "initial_accumulator_value",
                      "initial_momentum_value"):
             _check_finite("AdagradMomentum", name, getattr(self, name))
+        for name in ("epsilon", "initial_accumulator_value"):  # (a + ε)^(-1/exponent) stays real
+            if getattr(self, name) < 0:
+                raise ValueError(f"AdagradMomentum: {name} must be >= 0, got "
+                                 f"{name}={getattr(self, name)!r}.")
         _check_positive("AdagradMomentum", "exponent", self.exponent)
 
     def slot_initial_values(self) -> tuple[float, ...]:

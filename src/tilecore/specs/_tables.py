@@ -9,6 +9,7 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
+from ._numbers import make_plain
 from ._optimizers import SGD, OptimizerSpec
 from ._weights_dtype import FLOAT32, weights_dtype
 
@@ -38,6 +39,7 @@ class QuantizationConfig:
     num_buckets: int = 256
 
     def __post_init__(self) -> None:
+        make_plain(self, "min_value", "max_value", "num_buckets")
         if not (math.isfinite(self.min_value) and math.isfinite(self.max_value)):
             raise ValueError(f"QuantizationConfig: bounds must be finite, got {self}.")
         if self.min_value >= self.max_value:
@@ -91,6 +93,8 @@ class TableSpec:
     def __post_init__(self) -> None:
         _check_name("TableSpec", self.name)
         owner = f"TableSpec {self.name!r}"
+        make_plain(self, "vocab_size", "embedding_dim", "max_ids_per_partition",
+                   "max_unique_ids_per_partition", "suggested_coo_buffer_size_per_device")
         object.__setattr__(self, "weights_dtype", weights_dtype(self.weights_dtype, owner))
         _check_count(owner, "vocab_size", self.vocab_size)
         if self.vocab_size >= 2**31:
@@ -153,6 +157,7 @@ class FeatureSpec:
                 f"{owner}: input_shape must be a tuple such as (batch, ids_per_sample), got "
                 f"input_shape={self.input_shape!r}."
             )
+        make_plain(self, "input_shape", "output_shape")
         input_shape = tuple(self.input_shape)
         if not input_shape or any(
             isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in input_shape

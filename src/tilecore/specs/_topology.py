@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from ._numbers import make_plain
+
 DEFAULT_AXIS = "sparsecore"
 """The name of the device mesh axis tables and batches are split over, unless a call names
 another (`tilecore.ops`, `tilecore.distributed`, the layers and pipelining)."""
@@ -29,6 +31,7 @@ class Topology:
     local_devices: int | None = None
 
     def __post_init__(self) -> None:
+        make_plain(self, "global_devices", "sc_per_device", "local_devices")
         for field in ("global_devices", "sc_per_device"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
