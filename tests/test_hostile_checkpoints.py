@@ -424,3 +424,26 @@ def test_fresh_run_into_damaged_checkpoints_is_refused(
         model=training.ModelConfig(embedding_dim=8)), checkpoint_dir=directory)
     with pytest.raises(ck.CheckpointCorruptError, match="No intact checkpoint"):
         training.train(_source(), config, progress=io.StringIO())
+
+
+def test_user_mistakes_on_an_intact_checkpoint_are_not_called_damage(tmp_path: Path) -> None:
+    """A restore target of another structure, or a step of the wrong type, is the caller's
+    mistake: a ValueError / TypeError saying so, never `CheckpointCorruptError` (whose advice,
+    to move the checkpoint away, would lose a good one). `max_to_keep=0` would delete the
+    step just saved: refused before anything is written."""
+    save(tmp_path, 5)
+    with pytest.raises(ValueError, match=r"the target does not fit the tree saved in .*/5/extra"
+                                         r"': it lacks the saved leaves \['opt"):
+        ck.restore(tmp_path, plan_for(), extra={"params": extra_for(5)["params"]})
+    for step in ("5", 5.0, True):
+        with pytest.raises(TypeError, match=f"step must be an integer .* got step={step!r}"):
+            ck.restore(tmp_path, plan_for(), step=step)  # type: ignore[arg-type]
+    assert ck.restore(tmp_path, plan_for(), step=np.int64(5)).step == 5
+    assert ck.verify(tmp_path) == 5  # nothing was damaged
+    plan = plan_for()
+    for keep in (0, -1, 1.5):
+        with pytest.raises(ValueError, match=f"max_to_keep must be an integer >= 1 or None .keep all., "
+                                             f"got max_to_keep={keep!r}"):
+            ck.save(tmp_path / "new", plan, ck.shard_variables(plan, states(plan, 0)), step=0,
+                    max_to_keep=keep)  # type: ignore[arg-type]
+    assert not (tmp_path / "new").exists()

@@ -106,6 +106,10 @@ def save(
     """
     if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
         raise ValueError(f"save: step must be an integer >= 0, got step={step!r}.")
+    if max_to_keep is not None and (isinstance(max_to_keep, bool) or not isinstance(
+            max_to_keep, int | np.integer) or max_to_keep < 1):
+        raise ValueError(  # 0 would delete the step just saved
+            f"save: max_to_keep must be an integer >= 1 or None (keep all), got {max_to_keep=!r}.")
     check_variables(plan, variables)
     items: dict[str, ocp.args.CheckpointArgs] = {
         EMBEDDINGS: ocp.args.PyTreeSave(_embeddings_tree(tuple(plan.stacks), variables)),

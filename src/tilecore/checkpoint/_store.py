@@ -54,6 +54,9 @@ def available_steps(directory: PathLike) -> tuple[int, ...]:
 
 def pick_step(directory: PathLike, step: int | None) -> int:
     """`step` (or the latest) after checking that it was saved."""
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int | np.integer)):
+        raise TypeError(f"step must be an integer (a saved step) or None (the latest), got "
+                        f"step={step!r}.")
     steps = available_steps(directory)
     if not steps:
         why = "does not exist" if not Path(directory).exists() else "holds no finished checkpoint"
@@ -63,6 +66,7 @@ def pick_step(directory: PathLike, step: int | None) -> int:
         )
     if step is None:
         return steps[-1]
+    step = int(step)
     if step not in steps:
         raise CheckpointNotFoundError(
             f"No checkpoint for step={step} at {str(directory)!r}; saved steps: {list(steps)}."
@@ -211,7 +215,8 @@ def read_item(directory: PathLike, step: int, item: str, expected: Mapping[str, 
     with contextlib.ExitStack() as stack:
         try:
             mgr = stack.enter_context(manager(directory, create=False))
-            tree = mgr.item_metadata(step)[item].tree if target is None else target
+            saved = mgr.item_metadata(step)[item].tree
+            tree = saved if target is None else target
             args = _host_args(tree) if target is None else restore_args(target)
             paths, treedef = jax.tree_util.tree_flatten_with_path(tree)
             leaves = [leaf for _, leaf in paths]
@@ -220,6 +225,9 @@ def read_item(directory: PathLike, step: int, item: str, expected: Mapping[str, 
                                            f"{where!r} cannot be read ({_brief(error)})"
                           ) from error
         keys = [leaf_key(path) for path, _ in paths]
+        if target is not None:
+            _check_target(where, keys, [leaf_key(p) for p, _ in
+                                        jax.tree_util.tree_flatten_with_path(saved)[0]])
         if exact:
             _check_keys(directory, step, item, keys, expected)
         values = []
@@ -236,3 +244,17 @@ def read_item(directory: PathLike, step: int, item: str, expected: Mapping[str, 
                                                f"that was saved: {why}")
             values.append(value if then is None else then(value))
     return jax.tree_util.tree_unflatten(treedef, values)
+
+
+def _check_target(where: str, keys: list[str], saved: list[str]) -> None:
+    """Raise ValueError (the checkpoint is fine) when a restore target's leaves are not the
+    saved tree's."""
+    missing = sorted(set(saved) - set(keys))
+    unknown = sorted(set(keys) - set(saved))
+    if missing or unknown:
+        raise ValueError(
+            f"restore: the target does not fit the tree saved in {where!r}: "
+            + "; ".join(part for part in (
+                missing and f"it lacks the saved leaves {missing[:8]}",
+                unknown and f"it has leaves that were not saved {unknown[:8]}") if part)
+            + ". Pass a target of the saved structure, or none (the tree as saved).")
