@@ -251,10 +251,9 @@ def _check_target(where: str, keys: list[str], saved: list[str]) -> None:
     saved tree's."""
     missing = sorted(set(saved) - set(keys))
     unknown = sorted(set(keys) - set(saved))
-    if missing or unknown:
-        raise ValueError(
-            f"restore: the target does not fit the tree saved in {where!r}: "
-            + "; ".join(part for part in (
-                missing and f"it lacks the saved leaves {missing[:8]}",
-                unknown and f"it has leaves that were not saved {unknown[:8]}") if part)
-            + ". Pass a target of the saved structure, or none (the tree as saved).")
+    parts = ([f"it lacks the saved leaves {missing[:8]}"] if missing else []) + (
+        [f"it has leaves that were not saved {unknown[:8]}"] if unknown else [])
+    if parts:
+        raise ValueError(f"restore: the target does not fit the tree saved in {where!r}: "
+                         f"{'; '.join(parts)}. Pass a target of the saved structure, or none "
+                         "(the tree as saved).")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from ._numbers import make_plain
 
@@ -87,7 +87,7 @@ class OptimizerSpec:
         try:
             rate = float(value)
         except TypeError:  # traced (jax's ConcretizationTypeError is a TypeError)
-            return value.astype("float32")
+            return cast(Any, value).astype("float32")
         if not (math.isfinite(rate) and rate >= 0):
             raise ValueError(f"{owner} returned {rate} at step={step}; it must return a "
                              "finite number >= 0.")
