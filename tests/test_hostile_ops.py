@@ -83,6 +83,33 @@ def test_batch_missing_a_stack() -> None:
         ops.lookup(PLAN, dataclasses.replace(batch, stacks={}), variables)
 
 
+def test_variables_and_gradients_keyed_by_other_names() -> None:
+    """A stack missing from the variables, a feature's gradients missing or misspelt, or
+    given for a feature the plan lacks: one error listing the missing and unknown names
+    (a bare KeyError from inside the ops before, and gradients of an unknown feature were
+    silently left out)."""
+    batch = make_batch(PLAN)
+    variables = ops.init_tables(PLAN, jax.random.key(0))
+    grads = grads_for(ops.lookup(PLAN, batch, variables))
+    with pytest.raises(ValueError, match=r"lookup: the tables are keyed by \[\], the plan's are "
+                                         r"\['items'\] \(missing \['items'\], unknown \[\]\)"):
+        ops.lookup(PLAN, batch, {})
+    with pytest.raises(TypeError, match="lookup: the tables must map names to arrays, got list"):
+        ops.lookup(PLAN, batch, [variables["items"]])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"lookup_grad: the variables .*missing \['items'\], "
+                                         r"unknown \['item'\]"):
+        ops.lookup_grad(PLAN, batch, {"item": variables["items"]}, grads)
+    for wrong, names in (({"clicked": grads["clicked"]}, r"missing \['history'\], unknown \[\]"),
+                         ({**grads, "Clicked": grads["clicked"]}, r"missing \[\], unknown "
+                                                                  r"\['Clicked'\]")):
+        with pytest.raises(ValueError, match=f"lookup_grad: the activation gradients .*{names}"):
+            ops.lookup_grad(PLAN, batch, variables, wrong)
+    for clip in ({"items": 3}, {"items": (1.0,)}, {"items": (float("nan"), 1.0)},
+                 {"items": (2.0, 1.0)}):
+        with pytest.raises(ValueError, match=r"UpdateOptions: clip\['items'\] must be \(min, max\)"):
+            ops.UpdateOptions(clip=clip)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("mistake", ["fewer rows", "other width", "slot shape"])
 def test_tables_of_another_plan(mistake: str, kernels: str) -> None:
     batch = make_batch(PLAN)

@@ -4,7 +4,7 @@ plan reaches a kernel, where it would read out of bounds or return garbage."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import jax
@@ -18,8 +18,24 @@ from ._backend import FlatBuffers
 from ._layout import StackLayout
 from ._minibatching import check_sizes
 
+VARIABLES_REMEDY = "Pass the variables made for this plan (tilecore.ops.init_tables(plan, key))."
+"""What to do when the variables the ops are given are not the plan's stacks."""
 _REMEDY = ("Preprocess the batch with the plan you pass to the ops (after an FDO or limit "
            "change, preprocess again with the new plan).")
+
+
+def check_names(what: str, kind: str, given: Any, expected: Iterable[str], remedy: str) -> None:
+    """`given` is a mapping keyed by exactly the names `expected` (a plan's stacks or
+    features): a TypeError or one ValueError listing the missing and unknown names, never a
+    KeyError from inside the ops (or a misspelt name's values silently left out)."""
+    if not isinstance(given, Mapping):
+        raise TypeError(f"{what}: {kind} must map names to arrays, got {type(given).__name__}. "
+                        f"{remedy}")
+    names = set(expected)
+    missing, unknown = sorted(names - set(given)), sorted(set(given) - names)
+    if missing or unknown:
+        raise ValueError(f"{what}: {kind} are keyed by {sorted(given)}, the plan's are "
+                         f"{sorted(names)} (missing {missing}, unknown {unknown}). {remedy}")
 
 
 def check_call(plan: StackingPlan, batch: PreprocessedBatch, mesh: Mesh | None, axis: str,

@@ -16,7 +16,7 @@ from ..preprocessing import PreprocessedBatch, StackBuffers
 from ..stacking import StackingPlan
 from . import _checks as checks
 from ._activations import feature_gradients
-from ._contract import check_call, check_step
+from ._contract import VARIABLES_REMEDY, check_call, check_names, check_step
 from ._eager import ByIdentity, should_jit
 from ._layout import StackLayout, stack_layouts
 from ._lookup import DEFAULT_AXIS, num_minibatches_of, on_mesh
@@ -54,8 +54,14 @@ class UpdateOptions:
             raise ValueError(f"UpdateOptions: rounding_seed must be an integer in [0, 2**64), "
                              f"got rounding_seed={seed!r}.")
         object.__setattr__(self, "rounding_seed", int(seed))
+        if not isinstance(self.clip, Mapping):
+            raise TypeError(f"UpdateOptions: clip must map stack names to (min, max), got "
+                            f"clip={self.clip!r}.")
         for name, bounds in self.clip.items():
-            if len(bounds) != 2 or not bounds[0] <= bounds[1]:
+            pair = tuple(bounds) if isinstance(bounds, tuple | list) else ()
+            if len(pair) != 2 or not all(
+                    isinstance(b, int | float | np.number) and not isinstance(b, bool)
+                    and not np.isnan(b) for b in pair) or not pair[0] <= pair[1]:
                 raise ValueError(f"UpdateOptions: clip[{name!r}] must be (min, max) with "
                                  f"min <= max; got {bounds!r}.")
 
@@ -96,6 +102,11 @@ def lookup_grad(
     """
     layouts = stack_layouts(plan)
     check_call(plan, batch, mesh, axis, "lookup_grad")
+    check_names("lookup_grad", "the variables", variables, plan.stacks, VARIABLES_REMEDY)
+    check_names("lookup_grad", "the activation gradients", activation_grads,
+                plan.stacks if stacked else plan.features,
+                "Pass the gradients of the activations lookup returned"
+                + (" (stacked=True: one per stack)." if stacked else " (one per feature)."))
     unknown = sorted(set(options.clip) - set(layouts))
     if unknown:
         raise ValueError(f"clip names unknown stacks {unknown}; stacks: {sorted(layouts)}.")
