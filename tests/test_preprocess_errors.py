@@ -110,6 +110,41 @@ def test_weights_that_are_not_numbers() -> None:
         tc.preprocess(make_plan(), {"feat": GOOD}, {"feat": np.full((4, 3), "x")})
 
 
+def test_weights_beyond_float32_name_their_value() -> None:
+    """1e300 (float64) would be inf in float32, and the error would name inf."""
+    weights = np.ones((4, 3))
+    weights[2, 1] = -1e300
+    with pytest.raises(ValueError, match=r"Feature 'feat': weight -1e\+300 \(entry 7 of the dense "
+                                         r"weights\) does not fit float32"):
+        tc.preprocess(make_plan(), {"feat": GOOD}, {"feat": weights})
+
+
+def test_masked_arrays_with_entries_masked_are_refused() -> None:
+    """`np.asarray` drops a mask: the masked IDs would have been looked up."""
+    mask = GOOD % 2 == 0
+    plan = make_plan()
+    with pytest.raises(TypeError, match=r"Feature 'feat': the IDs \(the dense input\) are a masked "
+                                        r"array with 6 entries masked"):
+        tc.preprocess(plan, {"feat": np.ma.masked_array(GOOD, mask=mask)})
+    with pytest.raises(TypeError, match=r"the weights \(the dense weights\) are a masked array"):
+        tc.preprocess(plan, {"feat": GOOD}, {"feat": np.ma.masked_array(np.ones((4, 3)), mask=mask)})
+    ragged = tc.Ragged(values=np.ma.masked_array(GOOD.ravel(), mask=mask.ravel()),
+                       row_splits=np.arange(0, 13, 3))
+    with pytest.raises(TypeError, match=r"the IDs \(Ragged.values\) are a masked array"):
+        tc.preprocess(plan, {"feat": ragged})
+    assert snapshot(plan, {"feat": np.ma.masked_array(GOOD)}) == snapshot(plan, {"feat": GOOD})
+
+
+@pytest.mark.parametrize("inputs", [[GOOD], None, GOOD])
+def test_inputs_that_are_not_a_mapping(inputs: Any) -> None:
+    with pytest.raises(TypeError, match=f"The inputs must map each feature's name to its inputs, "
+                                        f"got {type(inputs).__name__}"):
+        tc.preprocess(make_plan(), inputs)
+    with pytest.raises(TypeError, match="The weights must map each feature's name to its weights, "
+                                        "got list"):
+        tc.preprocess(make_plan(), {"feat": GOOD}, [np.ones((4, 3))])
+
+
 def test_weight_shape_mismatch_dense() -> None:
     with pytest.raises(ValueError, match=r"Feature 'feat': weights have shape \(4, 2\).*\(4, 3\)"):
         tc.preprocess(make_plan(), {"feat": GOOD}, {"feat": np.ones((4, 2))})

@@ -37,8 +37,19 @@ def _is_scipy_sparse(value: object) -> bool:
     return hasattr(value, "tocsr") and hasattr(value, "nnz")
 
 
+def _unmasked(feature: str, values: Any, what: str) -> Any:
+    """`values`, refused when it is a NumPy masked array with entries masked: `np.asarray`
+    would hand on the masked entries as if they were data."""
+    if isinstance(values, np.ma.MaskedArray) and np.ma.is_masked(values):
+        raise TypeError(
+            f"Feature {feature!r}: the {what} are a masked array with {np.ma.count_masked(values)} "
+            "entries masked, and masks are not read: pass only the entries that count (e.g. "
+            "a tilecore.Ragged of each row's unmasked IDs).")
+    return values
+
+
 def _ids(feature: str, values: Any, where: str) -> np.ndarray:
-    values = np.asarray(values)
+    values = np.asarray(_unmasked(feature, values, f"IDs ({where})"))
     if values.size == 0 and values.dtype.kind in "iufb":  # no IDs: the dtype says nothing
         return np.zeros(values.shape, np.int32)
     if values.dtype.kind not in "iu":
@@ -56,7 +67,7 @@ def _ids(feature: str, values: Any, where: str) -> np.ndarray:
 
 
 def _weights(feature: str, weights: Any, shape: tuple[int, ...], where: str) -> np.ndarray:
-    weights = np.asarray(weights)
+    weights = np.asarray(_unmasked(feature, weights, f"weights ({where})"))
     if weights.dtype.kind not in "fiu":
         raise TypeError(
             f"Feature {feature!r}: weights must be real numbers, got dtype {weights.dtype} "
@@ -67,6 +78,13 @@ def _weights(feature: str, weights: Any, shape: tuple[int, ...], where: str) -> 
             f"Feature {feature!r}: weights have shape {weights.shape} but the IDs have shape "
             f"{shape} ({where}); give one weight per ID."
         )
+    if weights.dtype.kind == "f" and weights.dtype.itemsize > 4:
+        flat = weights.reshape(-1)
+        big = np.flatnonzero(np.isfinite(flat) & (np.abs(flat) > np.finfo(np.float32).max))
+        if big.size:  # float32 would make it inf, and the error name inf, not this value
+            raise ValueError(
+                f"Feature {feature!r}: weight {float(flat[big[0]])!r} (entry {big[0]} "
+                f"of {where}) does not fit float32, the type weights are combined in.")
     return np.ascontiguousarray(weights, dtype=np.float32)
 
 
@@ -271,6 +289,10 @@ def checked_names(features: Mapping[str, FeatureSpec], inputs: Mapping[str, Any]
                   weights: Mapping[str, Any] | None) -> dict[str, Any]:
     """The weights as a dict, once the inputs name exactly the plan's features and the
     weights some of them (both paths of preprocessing check names first, alike)."""
+    for what, given in (("inputs", inputs), ("weights", weights)):
+        if not isinstance(given, Mapping) and (what == "inputs" or given is not None):
+            raise TypeError(f"The {what} must map each feature's name to its {what}, got "
+                            f"{type(given).__name__}.")
     check_feature_names(features, inputs, "inputs")
     weights = dict(weights or {})
     unknown = sorted(set(weights) - set(features))
