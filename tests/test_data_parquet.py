@@ -76,6 +76,19 @@ def test_scalar_and_list_columns_nulls_and_hashing(tmp_path: Path) -> None:
     assert rows_of(source.train_batch(0).sparse["items"]) == [[0], [1], [2]]
 
 
+def test_unsigned_ids_beyond_int64_are_taken_modulo_as_numbers(tmp_path: Path) -> None:
+    """uint64 IDs at or above 2**63 once went through int64 and wrapped (as the TSV reader's
+    16-digit hexadecimal values never did)."""
+    path = tmp_path / "t.parquet"
+    big = [2**63 + 5, 2**64 - 1, 7, 2**63]
+    pq.write_table(table(user=pa.array(big + [1, 2], pa.uint64()),
+                         items=pa.array([[v] for v in big] + [[1], [2]], pa.list_(pa.uint64())),
+                         n=6), path)
+    batch = data.open_click_data(path, options(vocab_sizes=(1000,))).eval_batch(0)
+    want = [[v % 1000] for v in big[:3]]
+    assert rows_of(batch.sparse["user"]) == rows_of(batch.sparse["items"]) == want
+
+
 def test_columns_as_configured(tmp_path: Path) -> None:
     path = tmp_path / "t.parquet"
     pq.write_table(table(clicked=pa.array([1, 0, 1] * 3, pa.int64())), path)

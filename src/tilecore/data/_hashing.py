@@ -45,5 +45,8 @@ def hex_ids(values: Iterable[str], count: int, vocab_size: int) -> np.ndarray:
 
 
 def integer_ids(values: np.ndarray, vocab_size: int) -> np.ndarray:
-    """The rows (int64) of integer IDs in a table of `vocab_size` rows."""
+    """The rows (int64) of integer IDs in a table of `vocab_size` rows: each ID modulo the
+    vocabulary, as a number (unsigned IDs at or above 2**63 too, which int64 would wrap)."""
+    if values.dtype == np.uint64:
+        return np.mod(values, np.uint64(vocab_size)).astype(np.int64)
     return np.mod(values.astype(np.int64, copy=False), vocab_size)
