@@ -81,7 +81,7 @@ def test_unsigned_ids_beyond_int64_are_taken_modulo_as_numbers(tmp_path: Path) -
     16-digit hexadecimal values never did)."""
     path = tmp_path / "t.parquet"
     big = [2**63 + 5, 2**64 - 1, 7, 2**63]
-    pq.write_table(table(user=pa.array(big + [1, 2], pa.uint64()),
+    pq.write_table(table(user=pa.array([*big, 1, 2], pa.uint64()),
                          items=pa.array([[v] for v in big] + [[1], [2]], pa.list_(pa.uint64())),
                          n=6), path)
     batch = data.open_click_data(path, options(vocab_sizes=(1000,))).eval_batch(0)
