@@ -17,8 +17,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 # Import name → distribution name, where they differ.
 DISTRIBUTIONS = {"orbax": "orbax-checkpoint", "google": "protobuf"}
-# Imported only by optional parts, each needing an extra: Parquet input, tilecore.testing.
-OPTIONAL = {"pyarrow": "parquet", "hypothesis": "dev"}
+# Imported only by optional parts, each needing an extra: tilecore.testing's strategies.
+OPTIONAL = {"hypothesis": "dev"}
 
 
 def _imported_distributions() -> set[str]:

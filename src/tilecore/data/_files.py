@@ -7,13 +7,16 @@ optionally `<feature>/weights`; a click batch (what `tilecore train` reads, see
 `write_click_files`) adds `dense` (`[B, D]` float32) and `labels` (`[B]`, 0 or
 1), which `load_batch` passes over: every command reads every `.npz` batch. In Parquet every feature is a `list<int>`
 column (one row per sample) and `<feature>/weights` an optional `list<float>`
-column; reading it needs `pyarrow` (`pip install 'tilecore[parquet]'`).
+column; read through `pyarrow`, imported when a Parquet file is opened.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+import zipfile
+import zlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -80,17 +83,29 @@ def load_batch(path: str | os.PathLike[str]) -> dict[str, Ragged]:
 
 def read_npz(path: Path) -> dict[str, np.ndarray]:
     """Every array of the `.npz` archive at `path` (safe to call from several threads)."""
-    with _NPZ_LOCK:
+    # A truncated or damaged archive fails in zipfile or zlib, while opening or reading a
+    # member. The file is opened here, so that it is closed whatever fails (np.load leaves
+    # its own file open when the archive's directory cannot be read).
+    damaged = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)
+    with _NPZ_LOCK, contextlib.ExitStack() as stack:
         try:
-            archive = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as error:
+            archive = np.load(stack.enter_context(open(path, "rb")), allow_pickle=False)
+        except damaged as error:
             raise ValueError(f"{path}: cannot read it as an .npz archive ({error}).") from None
         if not isinstance(archive, np.lib.npyio.NpzFile):
             raise ValueError(f"{path}: holds one array, not an .npz archive; save the batch "
                              "with tilecore.data.save_batch or np.savez(path, "
                              "**{'<feature>/values': ..., '<feature>/row_splits': ...}).")
-        with archive:
-            return {key: archive[key] for key in archive}
+        stack.enter_context(archive)
+        arrays: dict[str, np.ndarray] = {}
+        key = ""
+        try:
+            for key in archive:
+                arrays[key] = archive[key]
+        except damaged as error:
+            raise ValueError(f"{path}: the .npz archive is damaged: its array {key!r} cannot "
+                             f"be read ({type(error).__name__}: {error}).") from None
+        return arrays
 
 
 def _load_npz(path: Path) -> dict[str, Ragged]:
@@ -115,6 +130,12 @@ def ragged_from_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> dict[str, R
     if incomplete:
         raise ValueError(f"{path}: features {incomplete} need both <feature>/values and "
                          "<feature>/row_splits.")
+    for feature, p in parts.items():
+        for part, kinds, what in (("values", "iu", "integer IDs"), ("row_splits", "iu", "integers"),
+                                  ("weights", "iuf", "real numbers")):
+            if part in p and p[part].dtype.kind not in kinds:
+                raise ValueError(f"{path}: {feature}/{part} holds {p[part].dtype} values; it must "
+                                 f"hold {what}.")
     return {f: Ragged(p["values"], p["row_splits"], p.get("weights")) for f, p in parts.items()}
 
 
@@ -163,6 +184,6 @@ def _pyarrow(path: Path) -> tuple[Any, Any]:
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
-        raise ImportError(f"{path}: reading Parquet needs pyarrow; install it with "
-                          "pip install 'tilecore[parquet]'.") from None
+        raise ImportError(f"{path}: reading Parquet needs pyarrow, a dependency of tilecore "
+                          "that this environment lacks; install it (pip install pyarrow).") from None
     return pa, pq
