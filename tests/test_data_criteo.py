@@ -235,6 +235,63 @@ def test_input_worker_processes_get_the_batches_of_their_steps(sample: Path) -> 
             np.testing.assert_array_equal(got.dense, want.dense)
 
 
+def _damage(path: Path, how: str) -> None:
+    packed = path.read_bytes()
+    if how == "truncated":
+        packed = packed[: len(packed) // 2]
+    elif how == "bad CRC":  # the trailer's CRC-32: every line decodes, the check fails at the end
+        packed = packed[:-8] + bytes(4) + packed[-4:]
+    else:  # bytes flipped near the start: the deflate data cannot be decoded
+        packed = packed[:20] + bytes(b ^ 0xFF for b in packed[20:40]) + packed[40:]
+    path.write_bytes(packed)
+
+
+@pytest.mark.parametrize("how", ["truncated", "bad CRC", "corrupt"])
+def test_a_damaged_gzip_names_the_file_and_the_last_line_read(
+        tmp_path: Path, how: str) -> None:
+    """gzip's EOFError / BadGzipFile / zlib.error named neither file nor line; skipping bad
+    rows cannot pass the damage either (nothing after it can be read)."""
+    lines = [line(i % 2, cats=[f"{i * 7919:x}"] * 26) for i in range(3000)]
+    path = write(tmp_path / "c.tsv.gz", lines)
+    _damage(path, how)
+    for skip in (False, True):
+        source = data.open_click_data(path, options(batch_size=1000, skip_bad_rows=skip))
+        with pytest.raises(data.DamagedFileError, match=rf"{path}: damaged after line \d+ "
+                                                        rf"\(.*\); nothing past it can be read"):
+            for step in range(3):
+                source.train_batch(step)
+
+
+def test_input_worker_processes_raise_the_errors_threads_raise(tmp_path: Path) -> None:
+    """A bad row, or a damaged file, that a worker process meets is raised in the main
+    process as the same error (an `InputWorkerError` holding its traceback before), so
+    `tilecore train --input-processes` ends in one clear line too."""
+    import tilecore as tc
+    from tilecore_apps.dlrm import ProcessBatches
+
+    good = [line(i % 2, cats=[f"{i:x}"] * 26) for i in range(40)]
+    bad = write(tmp_path / "c.tsv", [*good[:30], line(3), *good[30:]])
+    damaged = write(tmp_path / "d.tsv.gz", good * 50)
+    _damage(damaged, "truncated")
+    errors = (data.BadRowError, r"c.tsv, line 31, column 1: label must be 0 or 1, got '3'"), (
+        data.DamagedFileError, r"d.tsv.gz: damaged after line")
+    for path, (kind, message) in zip((bad, damaged), errors, strict=True):
+        source = data.open_click_data(path, options(batch_size=10, vocab_sizes=(50,)))
+        specs = [tc.FeatureSpec(name=f.name, input_shape=(10, 1), table=tc.TableSpec(
+            name=f.name, vocab_size=f.vocab_size, embedding_dim=4)) for f in source.features]
+        plan = tc.plan_stacking(specs, tc.Topology(global_devices=1, sc_per_device=2))
+        with pytest.raises(kind, match=message), ProcessBatches(
+                source, plan.with_config(allow_id_dropping=True), start=0, stop=200,
+                processes=2, depth=2, num_threads=1) as batches:
+            for step in range(200):
+                batches.take(step)
+    for error in (data.BadRowError(bad, 4, "C1", "why", unit="row"),
+                  data.DamagedFileError(damaged, 7, "why")):
+        again = pickle.loads(pickle.dumps(error))
+        assert (type(again), str(again), again.line) == (type(error), str(error), 7 if isinstance(
+            error, data.DamagedFileError) else 4)
+
+
 def test_long_reads_report_progress_quietly() -> None:
     from tilecore.data._progress import ReadProgress
 

@@ -75,3 +75,28 @@ def test_unknown_suffix_and_missing_file(tmp_path: Path) -> None:
         data.save_batch(tmp_path / "b.csv", {})
     with pytest.raises(FileNotFoundError, match="no such batch file"):
         data.load_batch(tmp_path / "absent.parquet")
+
+
+def test_npz_errors(tmp_path: Path) -> None:
+    """Arrays of the wrong kind and damaged archives name the file (and array): the float
+    IDs reached preprocessing as a TypeError naming no file, a cut archive's zipfile error
+    and a damaged member's zlib error were raw tracebacks."""
+    path = tmp_path / "b.npz"
+    np.savez(path, **{"f/values": np.arange(6.0), "f/row_splits": np.array([0, 2, 6])})
+    with pytest.raises(ValueError, match=rf"{path}: f/values holds float64 values; it must hold "
+                                         "integer IDs"):
+        data.load_batch(path)
+    np.savez(path, **{"f/values": np.arange(6), "f/row_splits": np.array([0.0, 2, 6])})
+    with pytest.raises(ValueError, match="f/row_splits holds float64 values"):
+        data.load_batch(path)
+    np.savez_compressed(path, **{"f/values": np.arange(5000), "f/row_splits": np.arange(5001)})
+    packed = bytearray(path.read_bytes())
+    good = bytes(packed)
+    packed[200:260] = bytes(b ^ 0xFF for b in packed[200:260])
+    path.write_bytes(bytes(packed))
+    with pytest.raises(ValueError, match=rf"{path}: the \.npz archive is damaged: its array "
+                                         r"'f/values' cannot be read"):
+        data.load_batch(path)
+    path.write_bytes(good[: len(good) // 2])
+    with pytest.raises(ValueError, match=rf"{path}: cannot read it as an \.npz archive"):
+        data.load_batch(path)

@@ -21,6 +21,7 @@ from ._clicks import ClickDataset as ClickDataset
 from ._clicks import ClickFeature as ClickFeature
 from ._clicks import clicks as clicks
 from ._criteo import BadRowError as BadRowError
+from ._criteo import DamagedFileError as DamagedFileError
 from ._files import load_batch as load_batch
 from ._files import save_batch as save_batch
 from ._open import open_click_data as open_click_data
@@ -54,6 +55,7 @@ __all__ = [
     "ClickFeature",
     "ClickFiles",
     "ClickSource",
+    "DamagedFileError",
     "IdDistribution",
     "ReadOptions",
     "SampleFormat",

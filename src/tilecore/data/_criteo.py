@@ -25,9 +25,10 @@ import gzip
 import io
 import os
 import re
+import zlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, cast
+from typing import IO, Any, cast
 
 import numpy as np
 
@@ -60,6 +61,29 @@ class BadRowError(ValueError):
         super().__init__(f"{self.where}: {reason}. Fix or remove the {unit}, or skip bad rows "
                          "(counted): `--skip-bad-rows` / ReadOptions(skip_bad_rows=True).")
         self.path, self.line, self.column, self.reason = path, line, column, reason
+        self._unit = unit
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled by input worker processes
+        return (_bad_row, (self.path, self.line, self.column, self.reason, self._unit))
+
+
+class DamagedFileError(ValueError):
+    """A data file whose bytes cannot be decoded past some point (a truncated or corrupt
+    gzip stream): names the file and the last line read. Skipping bad rows cannot pass
+    it: nothing after the damage can be read."""
+
+    def __init__(self, path: Path, line: int, reason: str) -> None:
+        super().__init__(f"{path}: damaged after line {line} ({reason}); nothing past it can "
+                         "be read. Use an intact copy, or cut the file at that line.")
+        self.path, self.line, self.reason = path, line, reason
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled by input worker processes
+        return (type(self), (self.path, self.line, self.reason))
+
+
+def _bad_row(path: Path, line: int, column: int | str | None, reason: str,
+             unit: str) -> BadRowError:
+    return BadRowError(path, line, column, reason, unit=unit)
 
 
 def diagnose(path: Path, line_number: int, line: str) -> BadRowError:
@@ -124,7 +148,11 @@ class CriteoReader:
         out: list[str] = []
         match, text = _LINE.fullmatch, self._text
         while len(out) < rows:
-            line = text.readline()
+            try:
+                line = text.readline()
+            except (EOFError, OSError, zlib.error) as error:  # gzip.BadGzipFile is an OSError
+                kind = ("zlib." if isinstance(error, zlib.error) else "") + type(error).__name__
+                raise DamagedFileError(self.path, self.line, f"{kind}: {error}") from error
             if not line:
                 break
             self.line += 1

@@ -139,6 +139,8 @@ class _Worker:
                 f"{status} before returning training batch {step} (killed, or out of memory?); "
                 "its stderr above may say why. Rerun without --input-processes to prepare "
                 "batches in threads.") from None
+        if kind == "raise":  # the input's fault: the error the threads would raise
+            raise payload
         if kind == "error":
             raise InputWorkerError(
                 f"Input worker {self.index} failed on training batch {step}: {payload}")
@@ -265,6 +267,16 @@ def _prepare(source: Any, plan: Any, num_threads: int | None, step: int, slot: i
     return tuple(sent), (stats, seconds, bad_rows)  # a plain tuple: the class is the worker's
 
 
+def _raised_again(error: ValueError, text: str) -> tuple[str, Any]:
+    """The message that has the main process raise `error` itself (as the threads of the
+    in-process path would), or, if it does not survive pickling, report its traceback."""
+    try:
+        pickle.loads(pickle.dumps(error, protocol=5))
+    except Exception:
+        return ("error", text)
+    return ("raise", error)
+
+
 def _serve() -> None:
     """The worker's main: answer each (step, slot) read from stdin with its batch."""
     import traceback
@@ -299,6 +311,8 @@ def _serve() -> None:
             else:
                 try:
                     message = ("ok", _prepare(*setup, step, slot, writer))
+                except ValueError as error:  # the input's fault (a bad row, a damaged file)
+                    message = _raised_again(error, f"\n{traceback.format_exc()}")
                 except Exception:
                     message = ("error", f"\n{traceback.format_exc()}")
             try:
