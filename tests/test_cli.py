@@ -105,6 +105,9 @@ def test_bad_options_exit_with_a_message(capsys: pytest.CaptureFixture[str]) -> 
     (["bench", "preprocess", "--workload", "nope"], "--workload: invalid choice: 'nope'"),
     (["bench", "step", "--activation-mem-mb", "0"],
      "--activation-mem-mb: must be a number > 0, got '0'"),
+    (["train", "--seed", "-1"], "--seed: must be an integer >= 0, got '-1'"),
+    (["data", "--out", "x", "--seed", str(2**70)], "--seed: must be an integer in [0, 2**32)"),
+    (["bench", "step", "--seed", "1.5"], "--seed: must be an integer >= 0, got '1.5'"),
 ])
 def test_bad_values_are_usage_errors_naming_the_flag(
         argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -114,6 +117,27 @@ def test_bad_values_are_usage_errors_naming_the_flag(
     err = capsys.readouterr().err
     assert f"tilecore {argv[0]}" in err and message in err, err
     assert "_" not in err.split("error:")[1].replace("--", "")  # no internal function names
+
+
+def test_output_paths_that_cannot_be_written_are_usage_errors(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Refused before any work (a --json directory used to fail once training was done,
+    losing the summary; a path below a file was a raw traceback)."""
+    afile, adir = tmp_path / "afile", tmp_path / "adir"
+    afile.write_text("")
+    adir.mkdir()
+    for argv, message in (
+            (["train", "--out", f"{afile}/run"], f"--out: cannot make '{afile}/run': '{afile}' is a file"),
+            (["train", "--json", str(adir)], f"--json: '{adir}' is a directory; give a file name"),
+            (["train", "--profile", str(afile)], f"--profile: '{afile}' is a file, not a directory"),
+            (["data", "--out", str(afile)], f"--out: '{afile}' is a file, not a directory"),
+            (["limits", "--json", f"{afile}/x.json"], f"--json: cannot write '{afile}/x.json'"),
+            (["bench", "train", "--json", str(adir)], f"--json: '{adir}' is a directory")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert f"tilecore {argv[0]}" in err and message in err, err
 
 
 def test_version_is_the_packaged_one(capsys: pytest.CaptureFixture[str]) -> None:

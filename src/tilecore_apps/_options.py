@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 
 
 def _number(text: str, kind: type[int] | type[float], low: float, *, strict: bool = False
@@ -33,6 +34,15 @@ def positive_int(text: str) -> int:
 def nonnegative_int(text: str) -> int:
     """argparse type: an integer >= 0 (a queue depth, a worker count where 0 means none)."""
     return int(_number(text, int, 0))
+
+
+def seed_int(text: str) -> int:
+    """argparse type: a random seed, an integer in [0, 2**32) (what every generator the
+    commands seed takes)."""
+    value = int(_number(text, int, 0))
+    if value >= 2**32:
+        raise argparse.ArgumentTypeError(f"must be an integer in [0, 2**32), got {text!r}")
+    return value
 
 
 def positive_float(text: str) -> float:
@@ -62,3 +72,36 @@ def int_list(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(
             f"must be integers >= 1 separated by commas, e.g. 500,2000; got {text!r}")
     return values
+
+
+def _blocked_by(path: Path) -> Path | None:
+    """The nearest existing ancestor of `path` that is not a directory (no file can be
+    made below it), if any."""
+    for parent in path.absolute().parents:
+        if parent.exists():
+            return None if parent.is_dir() else parent
+    return None
+
+
+def output_file(text: str) -> Path:
+    """argparse type: a file to write (a summary, results): not an existing directory, nor
+    below a file. Checked before the command runs, not once its work is done."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory; give a file name")
+    blocker = _blocked_by(path)
+    if blocker is not None:
+        raise argparse.ArgumentTypeError(f"cannot write {text!r}: {str(blocker)!r} is a file")
+    return path
+
+
+def output_dir(text: str) -> Path:
+    """argparse type: a directory to write into (made if missing): not an existing file,
+    nor below one."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a file, not a directory")
+    blocker = _blocked_by(path)
+    if blocker is not None:
+        raise argparse.ArgumentTypeError(f"cannot make {text!r}: {str(blocker)!r} is a file")
+    return path

@@ -27,6 +27,7 @@ from .._common import (
     parse_topology,
     write_json,
 )
+from .._options import seed_int
 from ._machine import machine_facts
 from ._memory import PeakProbe
 
@@ -47,7 +48,7 @@ def add_parser(kinds: Any) -> None:
     p.add_argument("--repeats", type=int, default=10, help="timed calls (default 10)")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls first (default 2)")
     p.add_argument("--batches", type=int, default=3, help="distinct batches (default 3)")
-    p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    p.add_argument("--seed", type=seed_int, default=0, help="workload seed (default 0)")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="write results here")
     p.add_argument(
         "--minibatching", choices=("off", "on", "forced"), default="off",

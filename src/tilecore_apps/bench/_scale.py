@@ -24,7 +24,14 @@ from tilecore import data
 from tilecore.stacking import memory_estimates
 
 from .._common import add_threads_option, calibrate, preprocess_dropping, write_file, write_json
-from .._options import int_list, nonnegative_float, positive_float, positive_int
+from .._options import (
+    int_list,
+    nonnegative_float,
+    output_file,
+    positive_float,
+    positive_int,
+    seed_int,
+)
 from ._machine import available_memory_bytes, machine_facts
 from ._memory import PeakProbe
 from ._step import OPTIMIZER_NAMES
@@ -82,8 +89,8 @@ def add_parser(kinds: Any) -> None:
     p.add_argument("--headroom", type=nonnegative_float, default=0.1,
                    help="limits = batch 0's maxima x (1 + headroom) (default 0.1)")
     add_threads_option(p)
-    p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
-    p.add_argument("--json", type=Path, default=None, metavar="PATH", help="write results here")
+    p.add_argument("--seed", type=seed_int, default=0, help="workload seed (default 0)")
+    p.add_argument("--json", type=output_file, default=None, metavar="PATH", help="write results here")
     p.add_argument("--plot", type=Path, default=None, metavar="PATH.png",
                    help="write the two panels (step time against vocabulary and against IDs "
                         "per batch) here")

@@ -24,7 +24,7 @@ from .._common import (
     preprocess_dropping,
     write_json,
 )
-from .._options import positive_float
+from .._options import output_file, positive_float, seed_int
 from ._machine import machine_facts
 from ._memory import PeakProbe, mapped_file_mb
 from ._timing import median_seconds
@@ -90,7 +90,7 @@ def _add_timing_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--headroom", type=float, default=0.1,
                    help="limits = batch 0's maxima x (1 + headroom) (default 0.1)")
     add_threads_option(p)
-    p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    p.add_argument("--seed", type=seed_int, default=0, help="workload seed (default 0)")
     p.add_argument("--minibatching", action="store_true",
                    help="preprocess with enable_minibatching (the minibatched buffer layout and "
                         "the ops' loop over minibatches), limits calibrated as without it")
@@ -114,7 +114,7 @@ def _add_comparison_options(p: argparse.ArgumentParser) -> None:
                         "fbgemm-gpu-cpu; never a tilecore dependency), and print the ratios. Pin "
                         "the threads "
                         "of both with taskset, e.g. `taskset -c 0 tilecore bench step ...`")
-    p.add_argument("--json", type=Path, default=None, metavar="PATH", help="write results here")
+    p.add_argument("--json", type=output_file, default=None, metavar="PATH", help="write results here")
 
 
 def _argv(args: argparse.Namespace) -> list[str]:

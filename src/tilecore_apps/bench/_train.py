@@ -19,12 +19,12 @@ import argparse
 import dataclasses
 import io
 import statistics
-from pathlib import Path
 from typing import Any
 
 import tilecore as tc
 
 from .._common import add_threads_option, write_json
+from .._options import output_file
 from ._machine import machine_facts
 
 HOST_BOUND_BELOW = 0.9
@@ -55,7 +55,7 @@ def add_parser(kinds: Any) -> None:
                         "--input-processes; default auto)")
     p.add_argument("--no-pipelining", dest="pipelining", action="store_false",
                    help="plain steps instead of pipelined ones")
-    p.add_argument("--json", type=Path, default=None, metavar="PATH", help="write results here")
+    p.add_argument("--json", type=output_file, default=None, metavar="PATH", help="write results here")
     p.set_defaults(run=run)
 
 

@@ -10,7 +10,7 @@ from typing import Any, get_args
 
 from tilecore import data
 
-from .._options import positive_int
+from .._options import output_dir, positive_int, seed_int
 
 FORMATS = get_args(data.SampleFormat)
 
@@ -113,14 +113,14 @@ def add_parser(subparsers: Any) -> None:
             "ID columns) and npz (clicks-npz/: .npz click files). Earlier samples there are "
             "replaced."),
     )
-    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="directory to write")
+    p.add_argument("--out", type=output_dir, required=True, metavar="DIR", help="directory to write")
     p.add_argument("--format", dest="formats", nargs="+", choices=FORMATS, default=None,
                    metavar="FORMAT", help=f"one or more of {', '.join(FORMATS)} (default all)")
     p.add_argument("--rows", type=positive_int, default=10_000,
                    help="rows to write (default 10000)")
     p.add_argument("--batch-size", type=positive_int, default=1024,
                    help="rows per .npz file (npz only; default 1024)")
-    p.add_argument("--seed", type=int, default=0,
+    p.add_argument("--seed", type=seed_int, default=0,
                    help="seed of the data and of the hidden model of its labels (default 0)")
     p.add_argument("--held-out", action="store_true",
                    help="write other rows of the same hidden model, for train --eval-data "

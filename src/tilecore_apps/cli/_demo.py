@@ -19,6 +19,7 @@ from .._common import (
     parse_topology,
     preprocess_dropping,
 )
+from .._options import seed_int
 
 
 def add_parser(subparsers: Any) -> None:
@@ -37,7 +38,7 @@ def add_parser(subparsers: Any) -> None:
     add_threads_option(p)
     p.add_argument("--headroom", type=float, default=0.1,
                    help="calibrated limits = observed maxima x (1 + headroom) (default 0.1)")
-    p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    p.add_argument("--seed", type=seed_int, default=0, help="workload seed (default 0)")
     p.add_argument("--batch-size", type=int, default=None, help=argparse.SUPPRESS)
     p.set_defaults(run=run)
 

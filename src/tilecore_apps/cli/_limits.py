@@ -14,7 +14,7 @@ import tilecore as tc
 from tilecore import data
 
 from .._common import topology_arg, write_file, write_json
-from .._options import int_list, positive_int
+from .._options import int_list, output_file, positive_int, seed_int
 from ._data import add_read_options, check_read_options, open_data
 from ._limits_scan import report, scan
 
@@ -47,7 +47,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--batches", type=positive_int, default=8, help="batches to scan (default 8)")
     p.add_argument("--batch-size", type=positive_int, default=None,
                    help="samples per batch (default: the workload's, or --data's rows)")
-    p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    p.add_argument("--seed", type=seed_int, default=0, help="workload seed (default 0)")
     p.add_argument("--data", type=Path, default=None, metavar="PATH",
                    help="scan --batches batches of this click data (what `train --data` "
                         "reads: Criteo TSV, Parquet, a directory of .npz click files; one table "
@@ -62,7 +62,7 @@ def add_parser(subparsers: Any) -> None:
     add_read_options(p)
     p.add_argument("--plot", type=Path, default=None, metavar="PATH.png",
                    help="write a PNG of per-partition load (max, mean) per stack")
-    p.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the numbers")
+    p.add_argument("--json", type=output_file, default=None, metavar="PATH", help="write the numbers")
     p.set_defaults(run=run)
 
 

@@ -19,7 +19,16 @@ from tilecore import data
 
 from .._common import add_threads_option, topology_arg, write_file, write_json
 from .._devices import RERUN_ENV, with_device_count
-from .._options import int_list, nonnegative_float, nonnegative_int, positive_float, positive_int
+from .._options import (
+    int_list,
+    nonnegative_float,
+    nonnegative_int,
+    output_dir,
+    output_file,
+    positive_float,
+    positive_int,
+    seed_int,
+)
 from . import _runs
 from ._data import add_read_options, check_read_options, open_data
 
@@ -114,12 +123,12 @@ def _add_input_options(p: argparse.ArgumentParser) -> None:
                         "them) or a directory of .npz click files; `tilecore data` writes a "
                         "sample of each")
     add_read_options(p)
-    p.add_argument("--seed", type=int, default=0, help="data and model seed (default 0)")
+    p.add_argument("--seed", type=seed_int, default=0, help="data and model seed (default 0)")
 
 
 def _add_output_options(p: argparse.ArgumentParser) -> None:
     """Where the run goes, resuming or starting over, and what it writes."""
-    p.add_argument("--out", type=Path, default=None, metavar="DIR",
+    p.add_argument("--out", type=output_dir, default=None, metavar="DIR",
                    help="checkpoint, plots and summary.json go here (default: a new "
                         f"./{_runs.DEFAULT_ROOT}/run-NNN per run); a DIR holding an earlier "
                         "run needs --resume or --overwrite")
@@ -135,9 +144,9 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
                             "said)")
     again.add_argument("--overwrite", action="store_true",
                        help="start --out over: delete its checkpoint, plots and summary first")
-    p.add_argument("--json", type=Path, default=None, metavar="PATH",
+    p.add_argument("--json", type=output_file, default=None, metavar="PATH",
                    help="write the summary here (default OUT/summary.json)")
-    p.add_argument("--profile", type=Path, default=None, metavar="DIR",
+    p.add_argument("--profile", type=output_dir, default=None, metavar="DIR",
                    help="write a jax.profiler trace (TensorBoard / Perfetto) of the loop here")
 
 

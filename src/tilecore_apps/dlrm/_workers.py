@@ -139,8 +139,10 @@ class _Worker:
                 f"{status} before returning training batch {step} (killed, or out of memory?); "
                 "its stderr above may say why. Rerun without --input-processes to prepare "
                 "batches in threads.") from None
-        if kind == "raise":  # the input's fault: the error the threads would raise
-            raise payload
+        if kind == "raise":  # the input's fault: the error the threads would raise, caused
+            error, text = payload  # by one that holds the worker's traceback
+            raise error from InputWorkerError(
+                f"Input worker {self.index} failed on training batch {step}: {text}")
         if kind == "error":
             raise InputWorkerError(
                 f"Input worker {self.index} failed on training batch {step}: {payload}")
@@ -168,7 +170,9 @@ class ProcessBatches:
 
     Call `take(step)` with consecutive steps. Up to max(depth, processes)
     batches are in the making at any time. A worker's exception is raised by
-    the `take` of its batch as `InputWorkerError` with the worker's traceback.
+    the `take` of its batch: a ValueError (the input's fault: a bad row, a damaged
+    file, an exceeded limit) as itself, caused by an `InputWorkerError` with the
+    worker's traceback; any other as that `InputWorkerError`.
     A batch's arrays are views of shared memory, reused only once nothing refers
     to them (`HostBatch`). Use as a context manager (or call `close`): it stops
     the workers and removes the shared memory, on errors and early exits too.
@@ -269,12 +273,14 @@ def _prepare(source: Any, plan: Any, num_threads: int | None, step: int, slot: i
 
 def _raised_again(error: ValueError, text: str) -> tuple[str, Any]:
     """The message that has the main process raise `error` itself (as the threads of the
-    in-process path would), or, if it does not survive pickling, report its traceback."""
+    in-process path would; `tilecore train` prints a ValueError as one line), caused by an
+    `InputWorkerError` holding `text`, the worker's traceback; if `error` does not survive
+    pickling, the `InputWorkerError` alone."""
     try:
         pickle.loads(pickle.dumps(error, protocol=5))
     except Exception:
         return ("error", text)
-    return ("raise", error)
+    return ("raise", (error, text))
 
 
 def _serve() -> None:
