@@ -544,7 +544,7 @@ def test_input_worker_error_carries_its_traceback_and_workers_exit() -> None:
                                  num_threads=1) as batches:
         pids = batches.pids
         assert [batches.take(i).labels.shape for i in range(3)] == [(64,)] * 3
-        with pytest.raises(ValueError, match="^bad batch 3$") as error:  # the input's fault:
+        with pytest.raises(ValueError, match=r"^bad batch 3$") as error:  # the input's fault:
             batches.take(3)  # raised as itself, as the threads raise it
     assert isinstance(error.value.__cause__, training.InputWorkerError)
     message = str(error.value.__cause__)
