@@ -122,3 +122,36 @@ def test_tables_move_onto_huge_pages_with_their_values() -> None:
         return
     assert moved % page == 0
     assert table.nbytes - 2 * page <= moved <= table.nbytes
+
+
+def test_variables_that_cannot_fit_are_refused_before_any_allocation() -> None:
+    """A 2**31-row table of dim 256 with Adagrad's slot (4 TiB): a MemoryError naming the
+    size, the limit and the largest stacks, raised before anything is drawn (numpy raised
+    a bare MemoryError, XLA a RESOURCE_EXHAUSTED naming no table, and a lazily committed
+    allocation could fill the machine until the OOM killer ended the process)."""
+    import pytest
+
+    from tilecore.ops._memory import host_memory_bytes, variables_bytes
+    from tilecore_apps.dlrm._tables import init_variables
+
+    huge = tc.TableSpec(name="huge", vocab_size=2**31 - 1024, embedding_dim=256,
+                        optimizer=tc.Adagrad())
+    small = tc.TableSpec(name="small", vocab_size=100, embedding_dim=8)
+    plan = tc.plan_stacking(
+        [tc.FeatureSpec(name="f", table=huge, input_shape=(8, 1)),
+         tc.FeatureSpec(name="g", table=small, input_shape=(8, 1))],
+        tc.Topology(global_devices=1, sc_per_device=4),
+        tc.SparseCoreConfig(disable_table_stacking=True))
+    sizes = variables_bytes(plan)
+    assert sizes == {"huge": plan.stacks["huge"].vocab_size * 256 * 8, "small": 128 * 8 * 4}
+    limit = host_memory_bytes()
+    assert limit is not None and 0 < limit < sizes["huge"]  # a machine of under 4 TiB
+    need = f"{sum(sizes.values()) / 2**30:,.1f}"
+    message = (rf"need {need} GiB here, more than this host's memory and swap \(.* GiB\); the "
+               rf"largest stacks: 'huge' {sizes['huge'] / 2**30:,.1f} GiB, 'small' 0\.0 GiB")
+    for make in (lambda: ops.init_tables(plan, jax.random.key(0)),
+                 lambda: init_variables(plan, 0)):
+        with pytest.raises(MemoryError, match=message):
+            make()
+    ops.check_memory(tc.plan_stacking([tc.FeatureSpec(name="g", table=small, input_shape=(8, 1))],
+                                      plan.topology))  # what fits passes

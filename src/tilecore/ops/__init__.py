@@ -17,6 +17,7 @@ from ._lookup import DEFAULT_AXIS as DEFAULT_AXIS
 from ._lookup import lookup as lookup
 from ._lookup_grad import UpdateOptions as UpdateOptions
 from ._lookup_grad import lookup_grad as lookup_grad
+from ._memory import check_memory as check_memory
 from ._tables import init_tables as init_tables
 from ._tables import shard as shard
 from ._tables import unshard as unshard
@@ -30,6 +31,7 @@ __all__ = [
     "StackLayout",
     "UpdateOptions",
     "activation_probe",
+    "check_memory",
     "embed",
     "init_tables",
     "lookup",

@@ -19,6 +19,7 @@ from ..optimizers import init_slots
 from ..specs import Initializer
 from ..stacking import StackingPlan
 from ._lookup import DEFAULT_AXIS
+from ._memory import check_memory
 from ._placement import place_rows
 from ._variables import EmbeddingVariables
 
@@ -160,8 +161,10 @@ def init_tables(
     one jitted program, compiled once per layout (stacks, tables, shard shapes and
     initializers) and cached: a second call with the same layout does not compile.
     With `on_host` the values are computed on the CPU and then transferred;
-    otherwise on the default device.
+    otherwise on the default device. Raises `MemoryError` first when the variables
+    cannot fit at all (`check_memory`).
     """
+    check_memory(plan, mesh=mesh)
     sharding = None if mesh is None else NamedSharding(mesh, PartitionSpec(axis, None))
     initialize = _plan_initializer(
         plan.num_partitions, tuple(_stack_signature(plan, name) for name in plan.stacks))

@@ -34,7 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.run(args)
-    except (ValueError, OSError) as error:  # bad options or inputs, or a file the file system
+    except (ValueError, OSError, MemoryError) as error:  # bad options or inputs, or a file the file system
         # refuses (permissions, a full disk; its error names the path): a message, not a traceback
         print(f"tilecore {args.command}: error: {error}", file=sys.stderr)
         return 2

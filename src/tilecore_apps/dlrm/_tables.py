@@ -30,7 +30,9 @@ def uniform_init(key: jax.Array, shape: tuple[int, ...], dtype: object = jnp.flo
 def init_variables(plan: StackingPlan, seed: int, *, mesh: Mesh | None = None
                    ) -> dict[str, ops.EmbeddingVariables]:
     """Every stack's variables: tables U(−0.05, 0.05) from numpy (seeded by `seed` and the
-    table's index), padding rows zero, slots at their optimizer's initial values."""
+    table's index), padding rows zero, slots at their optimizer's initial values. Raises
+    `MemoryError` before drawing anything when they cannot fit (`ops.check_memory`)."""
+    ops.check_memory(plan, mesh=mesh)
     tables = {
         name: np.random.default_rng((seed, k)).uniform(
             -INIT_SCALE, INIT_SCALE, (spec.vocab_size, spec.embedding_dim)).astype(np.float32)
