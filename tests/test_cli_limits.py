@@ -162,3 +162,20 @@ def test_tight_limits_need_minibatches_and_drop_ids() -> None:
     assert result["stacks"][name]["minibatches_needed_estimate"] == 4
     assert result["minibatches_needed_estimate"] == 4
     assert 0 < result["stacks"][name]["dropped_ids"] == result["dropped_ids"]
+
+
+def test_skipped_bad_rows_are_counted_when_the_scan_stops_early(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`limits` reads --batches batches, so no pass over the file ends and the source's
+    end-of-pass warning never said how many rows it skipped; the report says it."""
+    path = data.write_sample(tmp_path, "criteo-tsv", rows=600, seed=1)
+    lines = path.read_text().splitlines()
+    for bad in (10, 50, 90):
+        lines[bad] = "not a row"
+    path.write_text("".join(f"{line}\n" for line in lines))
+    out = tmp_path / "limits.json"
+    with pytest.warns(data.BadRowsWarning):
+        assert main(["limits", "--data", str(path), "--vocab-sizes", "1000", "--batch-size", "64",
+                     "--batches", "2", "--skip-bad-rows", "--json", str(out)]) == 0
+    assert "bad rows 3 skipped (unreadable rows of --data)" in capsys.readouterr().out
+    assert json.loads(out.read_text())["bad_rows"] == 3

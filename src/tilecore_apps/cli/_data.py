@@ -31,12 +31,14 @@ def _shared_table(text: str) -> tuple[str, tuple[str, ...]]:
     return table.strip(), _names(columns)
 
 
-def add_read_options(p: argparse.ArgumentParser) -> None:
-    """The flags of `--data` files other than the data path and batch size."""
-    p.add_argument("--eval-data", type=Path, default=None, metavar="PATH",
-                   help="held-out data in the format of --data (e.g. a later day of logs; "
-                        "default: the first --eval-batches batches of --data are held out and "
-                        "never trained on)")
+def add_read_options(p: argparse.ArgumentParser, *, eval_data: bool) -> None:
+    """The flags of `--data` files other than the data path and batch size (`--eval-data`
+    only for a command that evaluates)."""
+    if eval_data:
+        p.add_argument("--eval-data", type=Path, default=None, metavar="PATH",
+                       help="held-out data in the format of --data (e.g. a later day of logs; "
+                            "default: the first --eval-batches batches of --data are held out "
+                            "and never trained on)")
     p.add_argument("--skip-bad-rows", action="store_true",
                    help="count and skip rows of --data that cannot be read (a warning gives "
                         "the count) instead of stopping at the first, naming file, line and "
@@ -70,12 +72,12 @@ def read_options(args: argparse.Namespace, *, held_out: int) -> data.ReadOptions
                                 dense=args.dense_columns, sparse=args.sparse_columns,
                                 shared_tables=shared)
     return data.ReadOptions(batch_size=args.batch_size or 1024, vocab_sizes=args.vocab_sizes,
-                            held_out_batches=held_out, eval_path=args.eval_data,
+                            held_out_batches=held_out, eval_path=getattr(args, "eval_data", None),
                             skip_bad_rows=args.skip_bad_rows, columns=columns)
 
 
 def _given(args: argparse.Namespace) -> list[str]:
-    return [flag for flag, value in (("--eval-data", args.eval_data),
+    return [flag for flag, value in (("--eval-data", getattr(args, "eval_data", None)),
                                      ("--skip-bad-rows", args.skip_bad_rows),
                                      ("--label-column", args.label_column),
                                      ("--dense-columns", args.dense_columns),

@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
 
 import numpy as np
 
@@ -59,7 +59,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--vocab-sizes", type=int_list, default=None, metavar="V1,V2,...",
                    help="TSV or Parquet --data: vocabulary of each sparse feature, or one for "
                         f"all (default: the Parquet schema, else {data.DEFAULT_VOCAB_SIZE})")
-    add_read_options(p)
+    add_read_options(p, eval_data=False)
     p.add_argument("--plot", type=Path, default=None, metavar="PATH.png",
                    help="write a PNG of per-partition load (max, mean) per stack")
     p.add_argument("--json", type=output_file, default=None, metavar="PATH", help="write the numbers")
@@ -95,23 +95,39 @@ def _data_batch(args: argparse.Namespace
     return features, size, batch
 
 
-def _sources(args: argparse.Namespace) -> tuple[str, int, tuple[tc.FeatureSpec, ...], int,
-                                                  Batches]:
-    """What to scan: (name, batch size, feature specs, batch count, batches)."""
+class _Scanned(NamedTuple):
+    """What `limits` scans: its name, batch size, feature specs, number of batches, batches, and
+    the click source it reads them from (None for a workload or one batch file)."""
+
+    name: str
+    batch_size: int
+    features: tuple[tc.FeatureSpec, ...]
+    num_batches: int
+    batches: Batches
+    source: data.ClickSource | None = None
+
+    @property
+    def bad_rows(self) -> int:
+        """Unreadable rows skipped so far (`--skip-bad-rows`)."""
+        return self.source.bad_rows if isinstance(self.source, data.StreamedClicks) else 0
+
+
+def _sources(args: argparse.Namespace) -> _Scanned:
+    """What to scan."""
     check_read_options(args)
     if args.data is None:
         sizes = {} if args.batch_size is None else {"batch_size": args.batch_size}
         workload = data.get_workload(args.workload or "criteo", seed=args.seed, **sizes)
-        return (workload.name, workload.batch_size, workload.features, args.batches,
-                lambda: workload.batches(args.batches))
+        return _Scanned(workload.name, workload.batch_size, tuple(workload.features),
+                        args.batches, lambda: workload.batches(args.batches))
     if args.workload is not None or args.data.suffix == ".npz":
         features, size, batch = _data_batch(args)
-        return args.workload or "data", size, features, 1, lambda: iter([batch])
+        return _Scanned(args.workload or "data", size, features, 1, lambda: iter([batch]))
     source = open_data(args, held_out=0)
     specs = data.click_feature_specs(source.features, source.batch_size,
                                      embedding_dim=EMBEDDING_DIM)
-    return ("data", source.batch_size, specs, args.batches,
-            lambda: (source.train_batch(i).sparse for i in range(args.batches)))
+    return _Scanned("data", source.batch_size, tuple(specs), args.batches,
+                    lambda: (source.train_batch(i).sparse for i in range(args.batches)), source)
 
 
 class Progress:
@@ -135,22 +151,30 @@ class Progress:
 
 def run(args: argparse.Namespace) -> int:
     topologies = args.topology or [tc.Topology(global_devices=1, sc_per_device=4)]
-    name, batch_size, features, count, stream = _sources(args)
+    scanned = _sources(args)
     results = []
-    for topology in topologies:
-        plan = tc.plan_stacking(features, topology)
-        scans = scan(plan, stream(), progress=Progress(f"scanning {topology}", count))
-        results.append((plan, scans, report(plan, scans)))
+    try:
+        for topology in topologies:
+            plan = tc.plan_stacking(scanned.features, topology)
+            scans = scan(plan, scanned.batches(),
+                         progress=Progress(f"scanning {topology}", scanned.num_batches))
+            results.append((plan, scans, report(plan, scans)))
+    finally:
+        if isinstance(scanned.source, data.StreamedClicks):
+            scanned.source.close()  # its open file, at once (not when garbage collection runs)
     summary = {
-        "workload": name,
+        "workload": scanned.name,
         "source": str(args.data) if args.data is not None else "workload",
-        "batch_size": batch_size,
-        "batches": count,
+        "batch_size": scanned.batch_size,
+        "batches": scanned.num_batches,
         "seed": args.seed,
         "topologies": [r for _, _, r in results],
+        "bad_rows": scanned.bad_rows,
     }
     for result in summary["topologies"]:
         print(format_report(result, summary))
+    if summary["bad_rows"]:
+        print(f"bad rows {summary['bad_rows']} skipped (unreadable rows of --data)")
     if args.json is not None:
         write_json(args.json, summary)
     if args.plot is not None:
@@ -191,7 +215,8 @@ def format_report(result: Mapping[str, Any], summary: Mapping[str, Any]) -> str:
         lines += [f"    {a:24}{b!s:>12}{c!s:>14}{d!s:>14}" for a, b, c, d in rows]
         lines.append(f"    {'padding overhead':24}{100 * s['padding_overhead']:>11.1f}%")
         lines.append(f"    {'minibatches needed':24}{k:>12}  (estimate under the current "
-                     f"limits{'; over 64 buckets' if k > 64 else ''})")
+                     "limits" + ("; more than the 64 minibatching can make: a partition's load "
+                                 "is over 64 times its limit, raise it" if k > 64 else "") + ")")
         lines.append(f"    {'IDs dropped':24}{s['dropped_ids']:>12}  of {s['ids']} "
                      f"({pct:.2f}%) under the current limits")
     lines.append(f"  all stacks: minibatches needed {result['minibatches_needed_estimate']} "

@@ -122,7 +122,7 @@ def _add_input_options(p: argparse.ArgumentParser) -> None:
                         "TSV (.tsv, .txt, plain or .gz), Parquet (.parquet, or a directory of "
                         "them) or a directory of .npz click files; `tilecore data` writes a "
                         "sample of each")
-    add_read_options(p)
+    add_read_options(p, eval_data=True)
     p.add_argument("--seed", type=seed_int, default=0, help="data and model seed (default 0)")
 
 
