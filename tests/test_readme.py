@@ -62,6 +62,7 @@ SMALL = {
     "train": "--steps 2 --batch-size 64 --eval-batches 1 --tune-batches 1",
     "data": "--rows 512 --batch-size 64",
     "limits": "--batches 1",
+    "demo": "--steps 1",
     "bench preprocess": "--repeats 1 --warmup 0 --batches 1",
     "bench step": "--batch-size 64 --max-vocab 1000 --repeats 1 --warmup 1 --batches 1",
     "bench train": "--batch-size 64 --steps 3 --repeats 1 --staged 1",

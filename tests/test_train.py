@@ -142,6 +142,7 @@ def test_tiny_run_writes_summary_plots_and_checkpoint(tiny_run: tuple[int, Path,
     assert result["preprocess_seconds_per_batch"] > 0
     for png in ("loss_auc.png", "partition_load.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((out / "summary.json").read_text()) == result  # --json is a copy
     directory = out / "checkpoint"
     assert result["checkpoint"] == str((directory / "4").absolute())
     assert checkpoint.available_steps(directory) == (4,)
@@ -164,7 +165,7 @@ def test_cli_resume_with_other_tables_lists_the_mismatch(
         assert f"table {name!r}: embedding_dim saved=8, expected=16" in err
     assert main(base) == 2  # without --resume or --overwrite a run must not mix with it
     err = capsys.readouterr().err
-    assert f"--out {out} already holds a run (checkpoint, loss_auc.png" in err
+    assert f"--out {out} already holds a run (checkpoint, " in err
     assert "Continue it with --resume, start over with --overwrite" in err
     assert checkpoint.available_steps(out / "checkpoint") == (4,)
 

@@ -253,5 +253,6 @@ class StreamedClicks:
         """A cursor reached the end of its file for the first time."""
         self._passes += 1
         if self._passes == 1 and self.bad_rows:
-            warnings.warn(f"{self.name}: skipped {self.bad_rows} bad rows in one pass over the "
+            rows = "row" if self.bad_rows == 1 else "rows"
+            warnings.warn(f"{self.name}: skipped {self.bad_rows} bad {rows} in one pass over the "
                           "data.", BadRowsWarning, stacklevel=2)

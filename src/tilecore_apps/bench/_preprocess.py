@@ -43,7 +43,8 @@ def add_parser(kinds: Any) -> None:
         ),
     )
     add_workload_option(p)
-    p.add_argument("--topology", default="1x4", help="LxS: L devices x S SparseCores (default 1x4)")
+    p.add_argument("--topology", default="1x4", metavar="LxS",
+                   help="L devices x S SparseCores (default 1x4)")
     add_threads_option(p)
     p.add_argument("--repeats", type=int, default=10, help="timed calls (default 10)")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls first (default 2)")

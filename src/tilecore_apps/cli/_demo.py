@@ -33,7 +33,8 @@ def add_parser(subparsers: Any) -> None:
         ),
     )
     add_workload_option(p)
-    p.add_argument("--topology", default="1x4", help="LxS: L devices x S SparseCores (default 1x4)")
+    p.add_argument("--topology", default="1x4", metavar="LxS",
+                   help="L devices x S SparseCores (default 1x4)")
     p.add_argument("--steps", type=int, default=5, help="batches after calibration (default 5)")
     add_threads_option(p)
     p.add_argument("--headroom", type=float, default=0.1,
@@ -80,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
     assert stats is not None
     print(format_table(plan, stats))
     print(
-        f"preprocessed {args.steps} batches ({ids / args.steps / 1e6:.2f} M IDs each) in "
+        f"preprocessed {args.steps} batch{'' if args.steps == 1 else 'es'} "
+        f"({ids / args.steps / 1e6:.2f} M IDs each) in "
         f"{seconds:.3f} s: {ids / seconds / 1e6:.1f} M IDs/s, {args.steps / seconds:.1f} batches/s "
         f"(generating them took {gen_seconds:.3f} s, not counted)"
     )

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 
 import tilecore as tc
 
@@ -32,9 +33,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run `tilecore` with `argv` (default: the command line); returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    previous = warnings.formatwarning
+    warnings.formatwarning = _plain_warnings(f"tilecore {args.command}", previous)
     try:
         return args.run(args)
     except (ValueError, OSError, MemoryError) as error:  # bad options or inputs, or a file the file system
         # refuses (permissions, a full disk; its error names the path): a message, not a traceback
         print(f"tilecore {args.command}: error: {error}", file=sys.stderr)
         return 2
+    finally:
+        warnings.formatwarning = previous
+
+
+def _plain_warnings(prefix: str, previous: Callable[..., str]) -> Callable[..., str]:
+    """`warnings.formatwarning` that prints tilecore's own warnings (bad rows skipped, IDs
+    dropped) as `prefix: warning: message` lines, without the library's file name and
+    source line; other warnings as before."""
+
+    def format_warning(message: Warning | str, category: type[Warning], filename: str,
+                       lineno: int, line: str | None = None) -> str:
+        if category.__module__.split(".")[0] == "tilecore":
+            return f"{prefix}: warning: {message}\n"
+        return previous(message, category, filename, lineno, line)
+
+    return format_warning

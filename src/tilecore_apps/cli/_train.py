@@ -145,7 +145,7 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
     again.add_argument("--overwrite", action="store_true",
                        help="start --out over: delete its checkpoint, plots and summary first")
     p.add_argument("--json", type=output_file, default=None, metavar="PATH",
-                   help="write the summary here (default OUT/summary.json)")
+                   help="write the summary here too (it always goes to OUT/summary.json)")
     p.add_argument("--profile", type=output_dir, default=None, metavar="DIR",
                    help="write a jax.profiler trace (TensorBoard / Perfetto) of the loop here")
 
@@ -248,13 +248,22 @@ def run(args: argparse.Namespace) -> int:
     write_file(out / "loss_auc.png", dlrm.plot_curves(summary))
     write_file(out / "partition_load.png", dlrm.plot_partition_load(summary))
     print(f"wrote {out / 'loss_auc.png'} and {out / 'partition_load.png'}")
-    if summary.start_step:
-        print(f"resumed from step {summary.start_step}")
-    print(f"checkpoint {summary.checkpoint}")
+    if summary.checkpoint is not None:
+        print(f"checkpoint {_shown(Path(summary.checkpoint))}")
     if args.profile is not None:
         print(f"profile trace in {args.profile} (open with TensorBoard or ui.perfetto.dev)")
-    write_json(args.json or out / "summary.json", summary.to_json())
+    for path in (out / "summary.json", *([args.json] if args.json is not None else [])):
+        write_json(path, summary.to_json())
     return 0
+
+
+def _shown(path: Path) -> Path:
+    """`path` relative to the working directory when it lies below it (as the other paths
+    the command prints are), else as it is."""
+    try:
+        return path.relative_to(Path.cwd())
+    except ValueError:
+        return path
 
 
 def _argv(args: argparse.Namespace, topology: tc.Topology) -> list[str]:

@@ -146,7 +146,8 @@ class TrainSummary:
               if self.bad_rows else []),
             "  minibatching  " + (
                 f"on: {self.minibatched_steps} of {self.steps - self.start_step} steps split, "
-                f"at most {self.num_minibatches} minibatches per step (mean "
+                f"at most {self.num_minibatches} minibatch"
+                f"{'' if self.num_minibatches == 1 else 'es'} per step (mean "
                 f"{self.mean_minibatches:.3f})" if self.minibatching else
                 "off: IDs over the limits are dropped"),
             "  limits        " + "; ".join(
