@@ -106,6 +106,8 @@ def test_bad_options_exit_with_a_message(capsys: pytest.CaptureFixture[str]) -> 
     (["bench", "step", "--activation-mem-mb", "0"],
      "--activation-mem-mb: must be a number > 0, got '0'"),
     (["train", "--seed", "-1"], "--seed: must be an integer >= 0, got '-1'"),
+    (["bench", "step", "--batch-size", "0"], "--batch-size: must be an integer >= 1, got '0'"),
+    (["bench", "train", "--batch-size", "-4"], "--batch-size: must be an integer >= 1, got '-4'"),
     (["data", "--out", "x", "--seed", str(2**70)], "--seed: must be an integer in [0, 2**32)"),
     (["bench", "step", "--seed", "1.5"], "--seed: must be an integer >= 0, got '1.5'"),
 ])
@@ -138,6 +140,14 @@ def test_output_paths_that_cannot_be_written_are_usage_errors(
         assert exit_info.value.code == 2
         err = capsys.readouterr().err
         assert f"tilecore {argv[0]}" in err and message in err, err
+
+
+def test_data_refuses_too_few_rows_for_npz_before_writing_anything(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["data", "--out", str(tmp_path / "d"), "--rows", "600"]) == 2
+    err = capsys.readouterr().err
+    assert "--rows >= 2048, got 600" in err and "--batch-size 1024" in err, err
+    assert not (tmp_path / "d").exists()  # the TSV and Parquet files were written first before
 
 
 def test_version_is_the_packaged_one(capsys: pytest.CaptureFixture[str]) -> None:

@@ -123,3 +123,19 @@ def test_a_local_agreement_in_a_multi_process_plan_is_refused() -> None:
     with pytest.raises(ValueError, match=r"spans 2 process\(es\) but the agreement "
                                          r"\(LocalAgreement\) speaks for 1"):
         tc.preprocess(plan, rows, agreement=tc.preprocessing.LocalAgreement())
+
+
+def test_plan_and_statistics_arguments_of_the_wrong_type() -> None:
+    """An AttributeError from inside before."""
+    table = tc.TableSpec(name="t", vocab_size=32, embedding_dim=4)
+    features = [tc.FeatureSpec(name="f", table=table, input_shape=(8, 2))]
+    with pytest.raises(TypeError, match=r"plan_stacking: topology must be a tilecore.Topology, "
+                                        r"got None"):
+        tc.plan_stacking(features, None)  # type: ignore[arg-type]
+    topology = tc.Topology(global_devices=1, sc_per_device=2)
+    with pytest.raises(TypeError, match=r"config must be a tilecore.SparseCoreConfig or None, "
+                                        r"got 'x'"):
+        tc.plan_stacking(features, topology, "x")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"the statistics must be the PreprocessStats .* got str"):
+        tc.update_preprocessing_parameters(tc.plan_stacking(features, topology),
+                                           "junk")  # type: ignore[arg-type]

@@ -117,6 +117,9 @@ def check_stats(plan: StackingPlan, stats: PreprocessStats, where: str, *,
     limit fields are checked (`check_counts`, then `check_stacks`), and with `warn`
     each stack of the plan they lack is an `FdoStatsWarning` (it keeps its limits).
     """
+    if not isinstance(stats, PreprocessStats):
+        raise TypeError(f"{where} must be the PreprocessStats that preprocess returns (or "
+                        f"an FdoClient loads), got {type(stats).__name__}.")
     stacks = {name: _fields_of(stats, name, where) for name in stats.max_ids_per_partition}
     check_stacks(plan, stacks, where)
     if warn:

@@ -224,6 +224,11 @@ def plan_stacking(
     features: Features, topology: Topology, config: SparseCoreConfig | None = None
 ) -> StackingPlan:
     """The stacking plan that `config` asks for: automatic unless stacking is disabled."""
+    if not isinstance(topology, Topology):
+        raise TypeError(f"plan_stacking: topology must be a tilecore.Topology, got {topology!r}.")
+    if config is not None and not isinstance(config, SparseCoreConfig):
+        raise TypeError("plan_stacking: config must be a tilecore.SparseCoreConfig or None, got "
+                        f"{config!r}.")
     config = config or SparseCoreConfig()
     ordered = _apply_table_budgets(ordered_features(features), topology, config)
     if config.disable_table_stacking:

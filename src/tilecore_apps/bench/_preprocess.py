@@ -27,7 +27,7 @@ from .._common import (
     parse_topology,
     write_json,
 )
-from .._options import seed_int
+from .._options import positive_int, seed_int
 from ._machine import machine_facts
 from ._memory import PeakProbe
 
@@ -70,7 +70,7 @@ def add_parser(kinds: Any) -> None:
         help="also time tilecore.ops.preprocess_on_device on the same batches (compiled "
              "during its warm-up, each output checked bit-identical to the host's; needs "
              "--minibatching off); the JSON gains a 'device' section")
-    p.add_argument("--batch-size", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--batch-size", type=positive_int, default=None, help=argparse.SUPPRESS)
     p.set_defaults(run=run)
 
 

@@ -24,7 +24,7 @@ from .._common import (
     preprocess_dropping,
     write_json,
 )
-from .._options import output_file, positive_float, seed_int
+from .._options import output_file, positive_float, positive_int, seed_int
 from ._machine import machine_facts
 from ._memory import PeakProbe, mapped_file_mb
 from ._timing import median_seconds
@@ -69,7 +69,7 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
                         "bfloat16 or float16 halve the bytes of each looked-up row and write "
                         "updated rows with stochastic rounding. The naive step keeps float32 "
                         "tables")
-    p.add_argument("--batch-size", type=int, default=None,
+    p.add_argument("--batch-size", type=positive_int, default=None,
                    help="samples per batch (default: the workload's, 4096 for criteo26)")
     p.add_argument("--max-vocab", type=int, default=None, metavar="V",
                    help="cap every table's vocabulary at V, IDs taken modulo it (default: "

@@ -24,7 +24,7 @@ from typing import Any
 import tilecore as tc
 
 from .._common import add_threads_option, write_json
-from .._options import output_file
+from .._options import output_file, positive_int
 from ._machine import machine_facts
 
 HOST_BOUND_BELOW = 0.9
@@ -38,7 +38,7 @@ def add_parser(kinds: Any) -> None:
         description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--batch-size", type=int, default=1024, help="examples per step (default 1024)")
+    p.add_argument("--batch-size", type=positive_int, default=1024, help="examples per step (default 1024)")
     p.add_argument("--steps", type=int, default=300,
                    help="steps (and input-only batches) per measurement (default 300)")
     p.add_argument("--repeats", type=int, default=3,

@@ -132,6 +132,11 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     kinds = args.formats or [k for k in FORMATS if not (args.held_out and k == "npz")]
+    if "npz" in kinds and args.rows < 2 * args.batch_size:  # checked before any file is written
+        raise ValueError(
+            f"the npz format writes batches of --batch-size {args.batch_size} rows, one to "
+            f"train on and at least one held out: it needs --rows >= {2 * args.batch_size}, got "
+            f"{args.rows}. Raise --rows, lower --batch-size, or pick other --format values.")
     written = [(kind, data.write_sample(args.out, kind, rows=args.rows, seed=args.seed,
                                         batch_size=args.batch_size, held_out=args.held_out))
                for kind in kinds]

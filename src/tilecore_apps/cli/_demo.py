@@ -19,7 +19,7 @@ from .._common import (
     parse_topology,
     preprocess_dropping,
 )
-from .._options import seed_int
+from .._options import positive_int, seed_int
 
 
 def add_parser(subparsers: Any) -> None:
@@ -40,7 +40,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--headroom", type=float, default=0.1,
                    help="calibrated limits = observed maxima x (1 + headroom) (default 0.1)")
     p.add_argument("--seed", type=seed_int, default=0, help="workload seed (default 0)")
-    p.add_argument("--batch-size", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--batch-size", type=positive_int, default=None, help=argparse.SUPPRESS)
     p.set_defaults(run=run)
 
 
