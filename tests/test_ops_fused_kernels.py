@@ -260,3 +260,26 @@ def test_rates_and_hyperparameters_of_any_number_type_update_alike(kernels: str)
                                              extra_hyperparameters=(scale,)))
              for scale in (2, 2.0, 3, 0.5)]  # type: ignore[arg-type]
     assert sizes == [64.0, 64.0, 96.0, 16.0]
+
+
+@pytest.mark.parametrize("broken", ["narrow row", "scalar slot", "transposed row"])
+def test_a_rule_returning_rows_of_another_shape_is_refused(kernels: str, broken: str) -> None:
+    """On the CPU wing a [rows, 1] row was scattered as [rows, dim]: values read past the
+    rule's output went into the table; the XLA wing broadcast it over the row."""
+    def rule(grad: Any, row: Any, slot: Any, lr: Any) -> tuple[Any, Any]:
+        if broken == "narrow row":
+            return row[:, :1] - lr * grad[:, :1], slot
+        if broken == "scalar slot":
+            return row - lr * grad, jnp.float32(0.0)
+        return (row - lr * grad).T, slot
+
+    table = tc.TableSpec(name="t", vocab_size=64, embedding_dim=8, combiner="sum",
+                         optimizer=tc.CustomOptimizer(update_fn=rule, learning_rate=0.1,
+                                                      slot_initial_value_tuple=(0.5,)))
+    plan = tc.plan_stacking([tc.FeatureSpec(name="f", table=table, input_shape=(16, 1))],
+                            tc.Topology(global_devices=1, sc_per_device=2))
+    batch, _ = tc.preprocess(plan, {"f": np.arange(16).reshape(16, 1)})
+    variables = ops.init_tables(plan, jax.random.key(0))
+    with pytest.raises(ValueError, match=r"The CustomOptimizer update rule returned (new_row|new slot "
+                                         r"0) of shape \(.*\); expected \(\d+, 8\)"):
+        ops.lookup_grad(plan, batch, variables, {"f": jnp.ones((16, 8))}, 0)

@@ -112,6 +112,12 @@ def updated(variables: EmbeddingVariables, rows: jax.Array, grads: jax.Array,
             f"The {type(spec).__name__} update rule returned {len(new)} arrays; "
             f"expected (new_row, *new_slots), {len(arrays)} arrays."
         )
+    for k, (value, before) in enumerate(zip(new, gathered, strict=True)):
+        if jnp.shape(value) != before.shape:  # a broadcast would write garbage in silence
+            what = "new_row" if k == 0 else f"new slot {k - 1}"
+            raise ValueError(
+                f"The {type(spec).__name__} update rule returned {what} of shape "
+                f"{jnp.shape(value)}; expected {before.shape} (the rows it was given).")
     new_row, *new_slots = new
     if clip is not None:
         new_row = jnp.clip(new_row, clip[0], clip[1])

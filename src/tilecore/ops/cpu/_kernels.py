@@ -60,8 +60,11 @@ def _gather_rows_kernel(table, rows, out):
 
 @_jit
 def _scatter_rows_kernel(table, rows, values, out):
-    """out = table with out[rows[i]] = values[i] (rows out of range skipped); in place."""
+    """out = table with out[rows[i]] = values[i] (rows out of range skipped); in place.
+    Refuses (1) values that are not one row of the table's width per row index."""
     num_rows, dim = table.shape
+    if values.shape[0] != rows.shape[0] or values.shape[1] != dim:
+        return 1
     if out.ctypes.data != table.ctypes.data:
         copy_table(out, table)
     for i in range(rows.shape[0]):

@@ -118,8 +118,9 @@ def rule_source(spec: OptimizerSpec) -> RuleSource | None:
         return None
     except Exception:  # a rule that cannot trace on a block: JAX's path reports its error
         return None
-    if len(outputs) != 1 + num_slots:
-        return None
+    if len(outputs) != 1 + num_slots or any(
+            tuple(aval.shape) != _BLOCK for aval in closed.out_avals):  # pyright: ignore[reportAttributeAccessIssue]
+        return None  # not a row per row: JAX's path reports the rule's error
     body = [f"    {line}" for line in writer.lines]
     body.append(f"    return ({', '.join(f'np.float32({o})' for o in outputs)},)")
     source = "\n".join([
