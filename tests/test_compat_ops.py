@@ -272,3 +272,41 @@ def _main() -> None:
 
 if __name__ == "__main__":
     _main()
+
+
+def test_steps_limits_and_statistics_are_checked_like_the_native_ones() -> None:
+    """The compat API handed these to the ops unchecked: a float or huge step trained with
+    another step's rates, (1, -1) limits clamped every row to -1, and negative or 2**40
+    counts became the specs' limits."""
+    from tilecore.fdo import FdoStatsError
+
+    specs = feature_specs("adam")
+    embedding.prepare_feature_specs_for_training(specs, global_device_count=1, num_sc_per_device=2)
+    sharding = NamedSharding(Mesh(np.array(jax.devices()[:1]), "x"), P("x", None))
+    variables = embedding.init_embedding_variables(
+        jax.random.key(7), embedding.get_table_specs(specs), sharding, 2)
+    inputs, stats = embedding.preprocess_sparse_dense_matmul_input(
+        batches(specs)[0], None, specs, local_device_count=1, global_device_count=1,
+        num_sc_per_device=2)
+    acts = embedding.tpu_sparse_dense_matmul(inputs, variables, specs, global_device_count=1,
+                                             num_sc_per_device=2)
+    grad = functools.partial(embedding.tpu_sparse_dense_matmul_grad, loss_grads(acts), inputs,
+                             variables, specs, global_device_count=1, num_sc_per_device=2)
+    for step, message in ((3.7, "step must be an integer scalar"),
+                          (2**40, r"step must be in \[0, 2\*\*31\)"), (-5, "step must be in")):
+        with pytest.raises(ValueError, match=message):
+            grad(step=step)
+    stack = next(iter(embedding.get_stacked_table_specs(specs)))
+    for limits in ((1.0, -1.0), (float("nan"), 1.0), (0.0, 1.0, 2.0)):
+        with pytest.raises(ValueError, match=rf"embedding_var_limits\['{stack}'\] must be "
+                                             r"\(min, max\) with min <= max"):
+            grad(step=1, embedding_var_limits={stack: limits})
+    for bad, message in (({stack: np.array([-5, 1])}, "holds the count -5"),
+                         ({stack: np.array([2**40, 1])}, "holds the count 1099511627776"),
+                         ({"zzz": np.array([1, 1])}, "stack 'zzz', which is not one of")):
+        with pytest.raises(FdoStatsError, match=message):
+            embedding.update_preprocessing_parameters(
+                specs, stats.replace(max_ids_per_partition=bad), 2)
+    with pytest.raises(FdoStatsError, match="must be the SparseDenseMatmulInputStats"):
+        embedding.update_preprocessing_parameters(specs, {}, 2)  # type: ignore[arg-type]
+    embedding.update_preprocessing_parameters(specs, stats, 2)  # its own statistics: fine

@@ -240,3 +240,22 @@ def test_hand_built_batches_never_crash_the_kernels(wing: str) -> None:
     assert set(outcomes) == {"batch size", "vocabulary", "garbage ids"}, outcomes
     assert all(o == "ran" or o.startswith("error: Stack 'items'") for o in outcomes.values()), (
         outcomes)
+
+
+def test_clip_bounds_a_half_table_cannot_hold_are_refused() -> None:
+    """Rows clipped to 1e5 were written to a float16 table as inf; infinite bounds (no
+    clipping on that side) stay allowed."""
+    items = tc.TableSpec(name="items", vocab_size=64, embedding_dim=8, combiner="sum",
+                         weights_dtype=jnp.float16)
+    plan = tc.plan_stacking([tc.FeatureSpec(name="f", table=items, input_shape=(16, 1))],
+                            tc.Topology(global_devices=1, sc_per_device=2))
+    batch, _ = tc.preprocess(plan, {"f": np.arange(16).reshape(16, 1)})
+    variables = ops.init_tables(plan, jax.random.key(0))
+    grads = {"f": jnp.ones((16, 8))}
+    with pytest.raises(ValueError, match=r"clip\['items'\] = \(100000.0, 200000.0\) reaches beyond "
+                                         r"the float16 values .* \(at most 65504 in size\)"):
+        ops.lookup_grad(plan, batch, variables, grads,
+                        options=ops.UpdateOptions(clip={"items": (1e5, 2e5)}))
+    out = ops.lookup_grad(plan, batch, variables, grads,
+                          options=ops.UpdateOptions(clip={"items": (-np.inf, 1.0)}))
+    assert np.isfinite(np.asarray(out["items"].table, np.float32)).all()

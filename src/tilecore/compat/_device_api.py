@@ -255,6 +255,11 @@ def tpu_sparse_dense_matmul_grad(
     if global_device_count is None:
         global_device_count = _device.context_device_count()
     plan = _plan(feature_specs, global_device_count, num_sc_per_device, enable_minibatching)
+    from ..ops._contract import check_clip, check_step
+
+    check_clip(f"{what}: embedding_var_limits", embedding_var_limits or {})
+    if step is not None:
+        check_step(step)
     clip = dict(embedding_var_limits or {})
     unknown = sorted(set(clip) - set(plan.stacks))
     if unknown:

@@ -152,6 +152,19 @@ def stack_names(mapping: Mapping[str, Any], plan: StackingPlan, what: str) -> No
         raise ValueError(f"{what} lack stacks {missing}; the plan has {sorted(plan.stacks)}.")
 
 
+def check_clip(what: str, clip: Any) -> None:
+    """`clip` maps names to (min, max) pairs of numbers with min <= max (NaN refused)."""
+    if not isinstance(clip, Mapping):
+        raise TypeError(f"{what} must map stack names to (min, max), got {clip!r}.")
+    for name, bounds in clip.items():
+        pair = tuple(bounds) if isinstance(bounds, tuple | list) else ()
+        if len(pair) != 2 or not all(
+                isinstance(b, int | float | np.number) and not isinstance(b, bool)
+                and not np.isnan(b) for b in pair) or not pair[0] <= pair[1]:
+            raise ValueError(f"{what}[{name!r}] must be (min, max) with min <= max; got "
+                             f"{bounds!r}.")
+
+
 def check_step(step: Any) -> None:
     """A concrete step is a 0-based int32 count (a negative one makes Adam's bias
     correction divide by zero; past 2**31 it would wrap). Traced steps pass."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,7 +17,7 @@ from ..preprocessing import PreprocessedBatch, StackBuffers
 from ..stacking import StackingPlan
 from . import _checks as checks
 from ._activations import feature_gradients
-from ._contract import VARIABLES_REMEDY, check_call, check_names, check_step
+from ._contract import VARIABLES_REMEDY, check_call, check_clip, check_names, check_step
 from ._eager import ByIdentity, should_jit
 from ._layout import StackLayout, stack_layouts
 from ._lookup import DEFAULT_AXIS, num_minibatches_of, on_mesh
@@ -54,16 +55,7 @@ class UpdateOptions:
             raise ValueError(f"UpdateOptions: rounding_seed must be an integer in [0, 2**64), "
                              f"got rounding_seed={seed!r}.")
         object.__setattr__(self, "rounding_seed", int(seed))
-        if not isinstance(self.clip, Mapping):
-            raise TypeError(f"UpdateOptions: clip must map stack names to (min, max), got "
-                            f"clip={self.clip!r}.")
-        for name, bounds in self.clip.items():
-            pair = tuple(bounds) if isinstance(bounds, tuple | list) else ()
-            if len(pair) != 2 or not all(
-                    isinstance(b, int | float | np.number) and not isinstance(b, bool)
-                    and not np.isnan(b) for b in pair) or not pair[0] <= pair[1]:
-                raise ValueError(f"UpdateOptions: clip[{name!r}] must be (min, max) with "
-                                 f"min <= max; got {bounds!r}.")
+        check_clip("UpdateOptions: clip", self.clip)
 
     def __hash__(self) -> int:
         # By value, as `==` compares (a static argument of the jitted eager call).
@@ -110,6 +102,13 @@ def lookup_grad(
     unknown = sorted(set(options.clip) - set(layouts))
     if unknown:
         raise ValueError(f"clip names unknown stacks {unknown}; stacks: {sorted(layouts)}.")
+    for name, (low, high) in options.clip.items():
+        dtype = np.dtype(plan.stacks[name].weights_dtype)
+        largest = float(jnp.finfo(dtype).max)
+        if any(math.isfinite(b) and abs(b) > largest for b in (low, high)):  # a bound the
+            # table cannot hold: values clipped to it are written as inf
+            raise ValueError(f"clip[{name!r}] = {(low, high)} reaches beyond the {dtype.name} "
+                             f"values of stack {name!r}'s table (at most {largest:g} in size).")
     check_step(step)
     if should_jit(batch, variables, activation_grads, step):
         return _compiled_lookup_grad(ByIdentity(plan), batch, dict(variables),

@@ -44,7 +44,9 @@ import numpy as np
 
 from .... import stacking as native_stacking
 from ....preprocessing import coo_buffer_size_per_device, row_pointers_size_per_device
+from ....preprocessing._errors import FdoStatsError
 from ....preprocessing._limits import MINIBATCHING_FACTOR
+from ....preprocessing._observed import check_counts
 from ....stacking import round_up
 from ..._device_api import EmbeddingVariables as EmbeddingVariables
 from ..._device_api import init_embedding_variables as init_embedding_variables
@@ -389,7 +391,11 @@ def update_preprocessing_parameters(
     `num_sc_per_device` (stacks it does not name keep their values). Unlike the
     reference, limits never drop below 1 and the buffer below `8·num_sc_per_device`.
     Re-jit device code that takes the specs as static arguments afterwards.
+    Unlike the reference, statistics that cannot be counts of these stacks (another
+    type, a stack the specs lack, negative, non-integer, empty or beyond int32
+    counts) raise `FdoStatsError` before any spec changes.
     """
+    _check_stats(feature_specs, updated_params)
     for feature in feature_leaves(feature_specs):
         if not feature.table_spec.is_stacked():
             raise ValueError(
@@ -414,3 +420,22 @@ def update_preprocessing_parameters(
             suggested_coo_buffer_size_per_device=buffer,
         )
 
+
+
+def _check_stats(feature_specs: Nested[FeatureSpec], stats: Any) -> None:
+    """`stats` may set the limits of `feature_specs`' stacks (see
+    `update_preprocessing_parameters`), else FdoStatsError."""
+    where = "update_preprocessing_parameters: the statistics"
+    if not isinstance(stats, SparseDenseMatmulInputStats):
+        raise FdoStatsError(f"{where} must be the SparseDenseMatmulInputStats that "
+                            f"preprocessing returns, got {type(stats).__name__}.")
+    stacks = {f.table_spec.stacked_table_spec.stack_name for f in feature_leaves(feature_specs)
+              if f.table_spec.is_stacked()}
+    fix = "Pass the statistics that preprocessing these feature specs returned."
+    for field in ("max_ids_per_partition", "max_unique_ids_per_partition",
+                  "required_buffer_size_per_sc"):
+        for name, values in getattr(stats, field).items():
+            if name not in stacks:
+                raise FdoStatsError(f"{where} name stack {name!r}, which is not one of the "
+                                    f"specs' stacks {sorted(stacks)}. {fix}")
+            check_counts(np.asarray(values), f"{where}: stack {name!r} ({field})", fix)
