@@ -259,3 +259,21 @@ def test_clip_bounds_a_half_table_cannot_hold_are_refused() -> None:
     out = ops.lookup_grad(plan, batch, variables, grads,
                           options=ops.UpdateOptions(clip={"items": (-np.inf, 1.0)}))
     assert np.isfinite(np.asarray(out["items"].table, np.float32)).all()
+
+
+def test_a_minibatch_count_out_of_range_or_no_batch_is_refused() -> None:
+    """0, -1 or 65 minibatches ran, reading minibatches that do not exist (or none); a
+    batch that is not one was an AttributeError from inside."""
+    plan = make_plan(minibatching=True)
+    batch = make_batch(plan)
+    variables = ops.init_tables(plan, jax.random.key(0))
+    for count in (0, -1, 65, np.array([2, 0]), 1.5):
+        with pytest.raises(ValueError, match=r"lookup: the batch's num_minibatches (is .*; a batch "
+                                             r"of this plan has 1 to 64|must be integers)"):
+            ops.lookup(plan, dataclasses.replace(batch, num_minibatches=count), variables)
+    with pytest.raises(ValueError, match="num_minibatches is 2; a batch of this plan has 1 to 1"):
+        ops.lookup(PLAN, dataclasses.replace(make_batch(PLAN), num_minibatches=2),
+                   ops.init_tables(PLAN, jax.random.key(0)))
+    with pytest.raises(TypeError, match=r"lookup: the batch must be the PreprocessedBatch that "
+                                        r"tilecore.preprocess returns, got NoneType"):
+        ops.lookup(plan, None, variables)  # type: ignore[arg-type]

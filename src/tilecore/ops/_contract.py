@@ -12,6 +12,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from ..preprocessing import PreprocessedBatch, signature_differences
+from ..preprocessing._limits import MINIBATCHING_FACTOR
 from ..specs import OptimizerSpec
 from ..stacking import StackingPlan
 from ._backend import FlatBuffers
@@ -59,6 +60,10 @@ def check_call(plan: StackingPlan, batch: PreprocessedBatch, mesh: Mesh | None, 
         from ..distributed._together import ensure_agreed
 
         ensure_agreed(plan)
+    if not isinstance(batch, PreprocessedBatch):
+        raise TypeError(f"{what}: the batch must be the PreprocessedBatch that "
+                        f"tilecore.preprocess returns, got {type(batch).__name__}.")
+    _check_minibatch_count(plan, batch.num_minibatches, what)
     missing = sorted(set(plan.stacks) - set(batch.stacks))
     extra = sorted(set(batch.stacks) - set(plan.stacks))
     if missing or extra:
@@ -74,6 +79,21 @@ def check_call(plan: StackingPlan, batch: PreprocessedBatch, mesh: Mesh | None, 
                 f"{'; '.join(differences[:4])}"
                 f"{f' (and {len(differences) - 4} more)' if len(differences) > 4 else ''}. "
                 f"{_REMEDY}")
+
+
+def _check_minibatch_count(plan: StackingPlan, count: Any, what: str) -> None:
+    """A minibatch count known on the host (an int or NumPy array; a device array is read
+    on the device only) is in [1, 64] for a minibatching plan, 1 for a plain one: the
+    kernels would read minibatches that do not exist, or none."""
+    if isinstance(count, jax.Array):
+        return
+    values = np.asarray(count)
+    if not np.issubdtype(values.dtype, np.integer):
+        raise ValueError(f"{what}: the batch's num_minibatches must be integers, got {count!r}.")
+    most = MINIBATCHING_FACTOR if plan.config.enable_minibatching else 1
+    if values.size and not (values.min() >= 1 and values.max() <= most):
+        raise ValueError(f"{what}: the batch's num_minibatches is {count!r}; a batch of this "
+                         f"plan has 1 to {most}. {_REMEDY}")
 
 
 def check_buffers(flat: FlatBuffers, layout: StackLayout) -> None:
