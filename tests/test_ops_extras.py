@@ -109,7 +109,8 @@ def test_nan_check_names_the_stack() -> None:
     grads["fb"] = grads["fb"].at[0, 0].set(jnp.nan)
     step = jax.jit(lambda b, v, g: ops.lookup_grad(
         plan, b, v, g, 0, options=ops.UpdateOptions(check_finite=True)))
-    with pytest.raises(Exception, match="Stack 'b': updated variables contain NaN"):
+    with pytest.raises(jax.errors.JaxRuntimeError,
+                       match="FloatingPointError: Stack 'b': updated variables contain NaN"):
         jax.block_until_ready(step(batch, variables, grads))
     ok = {k: jnp.ones_like(a) for k, a in grads.items()}
     jax.block_until_ready(step(batch, variables, ok))

@@ -67,8 +67,10 @@ def lookup(
         None for a single device.
       stacked: return each stack's `[G·S·samples, dim]` block instead of
         per-feature `[batch, dim]` activations.
-      check_finite: raise `FloatingPointError` naming the stack if an activation
-        is NaN or Inf (a debugging aid; it costs a host round trip).
+      check_finite: fail the computation if an activation is NaN or Inf (a debugging
+        aid; it costs a host round trip): a host callback raises `FloatingPointError`
+        naming the stack, which JAX hands on as a `jax.errors.JaxRuntimeError` holding
+        that message, when the result is computed.
 
     Returns:
       Feature name → `[batch, embedding_dim]` (or stack name → stacked block).

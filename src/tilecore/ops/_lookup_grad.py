@@ -32,8 +32,10 @@ class UpdateOptions:
     Attributes:
       clip: stack name → (min, max) applied to the table values after the update
         (never to slots).
-      check_finite: raise `FloatingPointError` naming the stack if an updated table
-        or slot holds NaN or Inf (a debugging aid).
+      check_finite: fail the computation if an updated table or slot holds NaN or
+        Inf (a debugging aid): a host callback raises `FloatingPointError` naming the
+        stack, which JAX hands on as a `jax.errors.JaxRuntimeError` holding that
+        message, when the result is computed.
       serialize_stacks: update the stacks one after another, so that only one
         stack's temporaries are alive at a time (lower peak memory, less overlap).
       rounding_seed: seed of the stochastic rounding that writes updated rows into
