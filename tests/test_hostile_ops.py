@@ -277,3 +277,19 @@ def test_a_minibatch_count_out_of_range_or_no_batch_is_refused() -> None:
     with pytest.raises(TypeError, match=r"lookup: the batch must be the PreprocessedBatch that "
                                         r"tilecore.preprocess returns, got NoneType"):
         ops.lookup(plan, None, variables)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("buffer", "dtype"), [("row_pointers", np.uint32),
+                                               ("embedding_ids", np.float32),
+                                               ("gains", np.float16), ("gains", np.int32)])
+def test_buffers_of_another_dtype_name_the_stack_and_buffer(kernels: str, buffer: str,
+                                                            dtype: Any) -> None:
+    """The CPU kernels' registration refused them naming an internal FFI target; the XLA
+    wing computed with int32 gains."""
+    batch = make_batch(PLAN)
+    stacks = {name: dataclasses.replace(s, **{buffer: getattr(s, buffer).astype(dtype)})
+              for name, s in batch.stacks.items()}
+    with pytest.raises(ValueError, match=rf"Stack 'items': the batch's buffers \{{'{buffer}': "
+                                         rf"'{np.dtype(dtype).name}'\}} must be int32"):
+        ops.lookup(PLAN, dataclasses.replace(batch, stacks=stacks, made_for=None),
+                   ops.init_tables(PLAN, jax.random.key(0)))

@@ -97,8 +97,15 @@ def _check_minibatch_count(plan: StackingPlan, count: Any, what: str) -> None:
 
 
 def check_buffers(flat: FlatBuffers, layout: StackLayout) -> None:
-    """One device's flat buffers have the sizes of the stack's layout."""
+    """One device's flat buffers have the dtypes and sizes of the stack's layout."""
     rp, ids, samples, gains = flat
+    dtypes = {"row_pointers": rp.dtype, "embedding_ids": ids.dtype, "sample_ids": samples.dtype,
+              "gains": gains.dtype}
+    wrong = {name: str(dtype) for name, dtype in dtypes.items()
+             if dtype != (np.float32 if name == "gains" else np.int32)}
+    if wrong:
+        raise ValueError(f"Stack {layout.name!r}: the batch's buffers {wrong} must be int32 "
+                         f"(gains float32), as preprocessing writes them. {_REMEDY}")
     sizes = {"embedding_ids": ids.shape[0], "sample_ids": samples.shape[0],
              "gains": gains.shape[0]}
     if len(set(sizes.values())) != 1:
