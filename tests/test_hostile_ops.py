@@ -294,3 +294,18 @@ def test_buffers_of_another_dtype_name_the_stack_and_buffer(kernels: str, buffer
                                          rf"'{np.dtype(dtype).name}'\}} must be int32"):
         ops.lookup(PLAN, dataclasses.replace(batch, stacks=stacks, made_for=None),
                    ops.init_tables(PLAN, jax.random.key(0)))
+
+
+def test_a_probe_of_other_features_or_shapes_is_refused() -> None:
+    """A KeyError, a broadcasting error or custom_vjp's type error from inside before."""
+    batch = make_batch(PLAN)
+    variables = ops.init_tables(PLAN, jax.random.key(0))
+    probe = ops.activation_probe(PLAN)
+    with pytest.raises(ValueError, match=r"embed: the probe's arrays are keyed by \['clicked'\], "
+                                         r"the plan's are \['clicked', 'history'\]"):
+        ops.embed(PLAN, batch, variables, {"clicked": probe["clicked"]})
+    with pytest.raises(ValueError, match=r"embed: the probe of feature 'history' has shape "
+                                         r"\(128, 16\); expected \(64, 16\)"):
+        ops.embed(PLAN, batch, variables, {**probe, "history": jnp.zeros((128, 16))})
+    with pytest.raises(TypeError, match="embed: the probe's arrays must map names to arrays"):
+        ops.embed(PLAN, batch, variables, None)  # type: ignore[arg-type]

@@ -19,6 +19,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ..preprocessing import PreprocessedBatch
 from ..stacking import StackingPlan
+from ._contract import check_names
 from ._lookup import DEFAULT_AXIS, lookup
 from ._lookup_grad import lookup_grad
 from ._placement import place_rows
@@ -48,7 +49,16 @@ def embed(
     `jax.grad(model, argnums=<probe>)` returns the activation gradients that
     `lookup_grad` consumes. Tables and buffers get no gradient (updating the
     tables is `lookup_grad`'s job), so no table-sized gradient is ever formed.
+    `probe` must map every feature to an array of its activations' shape.
     """
+    check_names("embed", "the probe's arrays", probe, plan.features,
+                "Pass activation_probe(plan) (zeros of each feature's activation shape).")
+    for name, feature in plan.features.items():
+        want = (feature.batch_size, feature.table.embedding_dim)
+        if tuple(jnp.shape(probe[name])) != want:
+            raise ValueError(f"embed: the probe of feature {name!r} has shape "
+                             f"{tuple(jnp.shape(probe[name]))}; expected {want} (its "
+                             "activations'). Pass activation_probe(plan).")
 
     @jax.custom_vjp
     def with_probe(probe: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
