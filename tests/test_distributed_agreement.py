@@ -213,3 +213,19 @@ def test_slice_rows_of_every_input_form() -> None:
     np.testing.assert_array_equal(w, dense[2:] * 0.5)
     with pytest.raises(TypeError, match="Feature 'f'"):
         _slice_rows("f", [[1]], slice(0, 1), None)
+
+
+def test_local_inputs_refuses_weights_of_features_it_lacks() -> None:
+    """Weights under a misspelt feature name were left out in silence."""
+    import jax
+    from jax.sharding import Mesh
+
+    from tilecore.distributed import local_inputs
+
+    mesh = Mesh(np.array(jax.devices()[:1]), ("sparsecore",))
+    ids = {"user": np.arange(8).reshape(8, 1)}
+    with pytest.raises(ValueError, match=r"local_inputs: weights given for features \['usr'\] "
+                                         r"that the inputs lack \(features: \['user'\]\)"):
+        local_inputs(ids, {"usr": np.ones((8, 1))}, mesh=mesh)
+    inputs, weights = local_inputs(ids, {"user": np.ones((8, 1))}, mesh=mesh)
+    assert set(inputs) == set(weights) == {"user"}

@@ -352,6 +352,9 @@ def test_errors_name_the_problem() -> None:
                                        for f in plan.features}, method="update")
     with pytest.raises(ValueError, match="holds no layer's activation gradients"):
         layers.update_embeddings(layer, variables, {"params": {}}, 0, batch)
+    for step in (1.5, 2**40):  # 1.5 was taken for step 1
+        with pytest.raises(ValueError, match="step must be"):
+            layers.update_embeddings(layer, variables, {"params": {}}, step, batch)
     other = tc.plan_stacking([tc.FeatureSpec(name="x", table=plan.tables["user"],
                                              input_shape=(BATCH, 1))],
                              tc.Topology(global_devices=1, sc_per_device=2))

@@ -71,6 +71,10 @@ def local_inputs(
     For data pipelines that load the global batch everywhere; pipelines that load
     only their own rows must load `process_rows(batch, mesh, axis)`.
     """
+    unknown = sorted(set(weights or {}) - set(inputs))
+    if unknown:  # they would be left out in silence
+        raise ValueError(f"local_inputs: weights given for features {unknown} that the inputs "
+                         f"lack (features: {sorted(inputs)}).")
     out, out_weights = {}, {}
     for name, value in inputs.items():
         rows = value.num_rows if isinstance(value, Ragged) else getattr(value, "shape", (0,))[0]

@@ -41,6 +41,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from ..ops import DEFAULT_AXIS, activation_probe, embed, init_tables, lookup_grad
+from ..ops._contract import check_step
 from ..preprocessing import PreprocessedBatch, PreprocessStats, preprocess
 from ..stacking import StackingPlan
 from ._checks import check_activation_grads, check_batch, check_variables
@@ -173,6 +174,7 @@ def update_embeddings(model: nn.Module, variables: Mapping[str, Any], activation
     if not isinstance(activation_grads, Mapping):
         raise TypeError("activation_grads must be the gradient with respect to "
                         f"variables[{PROBES!r}] (a dict), got {type(activation_grads).__name__}.")
+    check_step(step)  # before the cast below, which would take 1.5 for 1
     grads, layers = _with_step(activation_grads, jnp.asarray(step, jnp.int32))
     if layers == 0:
         raise ValueError(
