@@ -432,3 +432,29 @@ def test_two_devices_equal_one_device(tmp_path: Path) -> None:
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).parent))
     worker(Path(sys.argv[1]))
+
+
+def test_inputs_that_are_not_step_inputs_are_refused() -> None:
+    """A (batch, labels) tuple, a dict or a StepInput without a batch: AttributeErrors from
+    inside the step before."""
+    t = tc.TableSpec(name="user", vocab_size=64, embedding_dim=8, combiner="sum",
+                     optimizer=tc.SGD(learning_rate=0.1))
+    plan = tc.plan_stacking([tc.FeatureSpec(name="user", table=t, input_shape=(16, 1))],
+                            tc.Topology(global_devices=1, sc_per_device=2))
+
+    def loss(params: Any, acts: Any, labels: Any) -> Any:
+        return jnp.mean((acts["user"] @ params - labels) ** 2)
+
+    step = pl.TrainStep(stages=pl.sparsecore_stages(plan, pl.optax_tc(loss, optax.sgd(0.1))),
+                        pipelined=False)
+    batch = tc.preprocess(plan, {"user": np.arange(16).reshape(16, 1)})[0]
+    dense = pl.DenseState.create(jnp.ones(8), optax.sgd(0.1))
+    with pytest.raises(TypeError, match=r"takes StepInput\(batch, dense\), got tuple"):
+        step.init(ops.init_tables(plan, jax.random.key(0)), dense, (batch, jnp.zeros(16)))  # type: ignore[arg-type]
+    state = step.init(ops.init_tables(plan, jax.random.key(0)), dense,
+                      pl.StepInput(batch, jnp.zeros(16)))
+    for bad, message in (({"batch": batch}, "got dict"),
+                         (pl.StepInput(None, jnp.zeros(16)), "StepInput.batch must be the "  # type: ignore[arg-type]
+                                                             "PreprocessedBatch .* got NoneType")):
+        with pytest.raises(TypeError, match=message):
+            list(pl.run_loop(step, state, [bad]))  # type: ignore[list-item]

@@ -13,7 +13,7 @@ from jax.sharding import NamedSharding
 from ._sharding import mesh_shardings
 from ._state import TrainState
 from ._step import initial_state, pipelined_step, plain_step
-from ._types import Stages, StepInput, StepOutput, Variables
+from ._types import Stages, StepInput, StepOutput, Variables, check_input
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -42,6 +42,7 @@ class TrainStep:
 
     def init(self, variables: Variables, dense_state: Any, example: StepInput) -> TrainState:
         """The state before the first call (see `initial_state`)."""
+        check_input(example)
         return initial_state(self.stages, variables, dense_state, example,
                              pipelined=self.pipelined)
 
@@ -100,4 +101,5 @@ class TrainStep:
             kind = "pipelined" if self.pipelined else "plain"
             raise ValueError(f"A {kind} TrainStep got a state built for the other kind; "
                              f"build it with this step's init().")
+        check_input(inputs)
         return self.jitted_for(state)(state, inputs, fake_tc_step=fake_tc_step)

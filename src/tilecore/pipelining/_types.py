@@ -43,6 +43,17 @@ class StepInput(NamedTuple):
     dense: Any
 
 
+def check_input(inputs: Any) -> None:
+    """`inputs` is a `StepInput` whose batch is a `PreprocessedBatch` (an AttributeError
+    from inside the step before)."""
+    if not isinstance(inputs, StepInput):
+        raise TypeError(f"A training step takes StepInput(batch, dense), got "
+                        f"{type(inputs).__name__}.")
+    if not isinstance(inputs.batch, PreprocessedBatch):
+        raise TypeError("StepInput.batch must be the PreprocessedBatch that tilecore.preprocess "
+                        f"returns, got {type(inputs.batch).__name__}.")
+
+
 class TcResult(NamedTuple):
     """What the TC stage returns.
 
