@@ -310,3 +310,17 @@ def test_steps_limits_and_statistics_are_checked_like_the_native_ones() -> None:
     with pytest.raises(FdoStatsError, match="must be the SparseDenseMatmulInputStats"):
         embedding.update_preprocessing_parameters(specs, {}, 2)  # type: ignore[arg-type]
     embedding.update_preprocessing_parameters(specs, stats, 2)  # its own statistics: fine
+
+
+def test_inputs_that_are_not_preprocessed_inputs_are_refused() -> None:
+    """An AttributeError ('... has no attribute lhs_row_pointers') before."""
+    specs = feature_specs("sgd")
+    embedding.prepare_feature_specs_for_training(specs, global_device_count=1, num_sc_per_device=2)
+    _, stats = embedding.preprocess_sparse_dense_matmul_input(
+        batches(specs)[0], None, specs, local_device_count=1, global_device_count=1,
+        num_sc_per_device=2)
+    for wrong in (None, stats):
+        with pytest.raises(TypeError, match="tpu_sparse_dense_matmul: preprocessed_inputs must be "
+                                            "the PreprocessedInput"):
+            embedding.tpu_sparse_dense_matmul(wrong, {}, specs, global_device_count=1,  # type: ignore[arg-type]
+                                              num_sc_per_device=2)

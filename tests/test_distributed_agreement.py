@@ -229,3 +229,19 @@ def test_local_inputs_refuses_weights_of_features_it_lacks() -> None:
         local_inputs(ids, {"usr": np.ones((8, 1))}, mesh=mesh)
     inputs, weights = local_inputs(ids, {"user": np.ones((8, 1))}, mesh=mesh)
     assert set(inputs) == set(weights) == {"user"}
+
+
+def test_process_rows_checks_its_count_and_the_mesh_axis() -> None:
+    """slice(0, -4), slice(0.0, 16.0) and a bare KeyError before."""
+    import jax
+    from jax.sharding import Mesh
+
+    from tilecore.distributed import process_rows
+
+    mesh = Mesh(np.array(jax.devices()[:1]), ("sparsecore",))
+    for rows in (-4, 16.0, True):
+        with pytest.raises(ValueError, match="global_rows must be an integer >= 0"):
+            process_rows(rows, mesh)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"the mesh has axes \('sparsecore',\), not 'x'"):
+        process_rows(16, mesh, axis="x")
+    assert process_rows(16, mesh) == slice(0, 16)

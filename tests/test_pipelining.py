@@ -458,3 +458,9 @@ def test_inputs_that_are_not_step_inputs_are_refused() -> None:
                                                              "PreprocessedBatch .* got NoneType")):
         with pytest.raises(TypeError, match=message):
             list(pl.run_loop(step, state, [bad]))  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize("steps", [2.5, "3", True, -1])
+def test_pipeline_steps_takes_a_count(steps: Any) -> None:
+    with pytest.raises(ValueError, match="num_steps must be an integer ≥ 0"):
+        pl.pipeline_steps(steps)

@@ -469,3 +469,13 @@ def test_failed_call_between_good_calls(case: PreprocessCase) -> None:
             f"Feature {feature.name!r}: ID {feature.table.vocab_size} at row {row}")):
         tc.preprocess(plan, bad, bad_weights, num_threads=2)
     assert snapshot(plan, case.inputs, case.weights) == before
+
+
+def test_batch_numbers_and_agreements_of_the_wrong_kind() -> None:
+    """Accepted before ('a', -1, 2**70, None); the agreement class itself failed inside."""
+    plan = make_plan(config=tc.SparseCoreConfig(enable_minibatching=True))
+    for number in ("a", -1, 2**70, None, 1.5):
+        with pytest.raises(ValueError, match="batch_number must be an integer in"):
+            tc.preprocess(plan, {"feat": GOOD}, batch_number=number)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="agreement must implement"):
+        tc.preprocess(plan, {"feat": GOOD}, agreement=tc.preprocessing.LocalAgreement)  # type: ignore[arg-type]

@@ -106,9 +106,13 @@ def _check_call(preprocessed_inputs: Any, embedding_variables: Mapping[str, Any]
                 what: str) -> Any:
     from ._device import matmul_input_parts
     from ._preprocessing import check_options
-    from ._results import SparseDenseMatmulInput
+    from ._results import PreprocessedInput, SparseDenseMatmulInput
 
     check_options(sharding_strategy, what)
+    if not isinstance(preprocessed_inputs, PreprocessedInput | SparseDenseMatmulInput):
+        raise TypeError(f"{what}: preprocessed_inputs must be the PreprocessedInput that "
+                        "preprocess_sparse_dense_matmul_input returned, got "
+                        f"{type(preprocessed_inputs).__name__}.")
     if isinstance(preprocessed_inputs, SparseDenseMatmulInput):
         warnings.warn("SparseDenseMatmulInput is deprecated. Please use PreprocessedInput "
                       "instead.", DeprecationWarning, stacklevel=3)

@@ -41,6 +41,13 @@ def _local_positions(mesh: Mesh, axis: str) -> range:
 
 def process_rows(global_rows: int, mesh: Mesh, axis: str = DEFAULT_AXIS) -> slice:
     """The rows of a `global_rows` batch this process preprocesses."""
+    if isinstance(global_rows, bool) or not isinstance(global_rows, int | np.integer) or (
+            global_rows < 0):
+        raise ValueError(f"process_rows: global_rows must be an integer >= 0, got "
+                         f"{global_rows!r}.")
+    if axis not in mesh.shape:
+        raise ValueError(f"process_rows: the mesh has axes {tuple(mesh.shape)}, not {axis!r}; "
+                         "pass axis= the mesh axis the batch is split over.")
     size = mesh.shape[axis]
     if global_rows % size:
         raise ValueError(f"A global batch of {global_rows} rows does not split over the "

@@ -114,6 +114,6 @@ def is_output_valid(call: int, num_steps: int) -> bool:
 
 def pipeline_steps(num_steps: int) -> int:
     """Calls a pipelined loop makes for `num_steps` real steps: two more, to fill and drain."""
-    if num_steps < 0:
-        raise ValueError(f"num_steps must be ≥ 0; got {num_steps=}.")
+    if isinstance(num_steps, bool) or not isinstance(num_steps, int | np.integer) or num_steps < 0:
+        raise ValueError(f"num_steps must be an integer ≥ 0; got {num_steps=}.")
     return num_steps + 2

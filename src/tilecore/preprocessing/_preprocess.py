@@ -326,6 +326,9 @@ def preprocess(
         (with minibatching: one hash bucket alone exceeds them).
     """
     weights = checked_names(plan.features, inputs, weights)
+    if isinstance(batch_number, bool) or not isinstance(batch_number, int | np.integer) or not (
+            0 <= batch_number < 2**63):  # a key of the processes' agreement, alike everywhere
+        raise ValueError(f"batch_number must be an integer in [0, 2**63), got {batch_number!r}.")
     topo = plan.topology
     layout = plan_layout(plan)
     threads = resolve_num_threads(num_threads, max_ids=layout.max_ids)
@@ -409,7 +412,7 @@ def _resolve_agreement(plan: StackingPlan, agreement: Agreement | None) -> Agree
                 "tilecore.distributed to tilecore.preprocess."
             )
         return LocalAgreement()
-    if not isinstance(agreement, Agreement):
+    if isinstance(agreement, type) or not isinstance(agreement, Agreement):
         raise TypeError(
             f"agreement must implement tilecore.preprocessing.Agreement (process_count and "
             f"all_reduce_or), got {type(agreement).__name__}."
