@@ -447,3 +447,19 @@ def test_user_mistakes_on_an_intact_checkpoint_are_not_called_damage(tmp_path: P
             ck.save(tmp_path / "new", plan, ck.shard_variables(plan, states(plan, 0)), step=0,
                     max_to_keep=keep)  # type: ignore[arg-type]
     assert not (tmp_path / "new").exists()
+
+
+def test_extra_leaves_and_export_paths_that_cannot_be_written(tmp_path: Path) -> None:
+    """A function in extra failed inside Orbax (and its threads printed tracebacks at exit);
+    an npz_path in a missing directory, or a directory, named a hidden temporary file."""
+    plan = plan_for()
+    variables = ck.shard_variables(plan, states(plan, 0))
+    with pytest.raises(TypeError, match=r"save: extra\['fn'\] is a function; extra may hold "
+                                        "arrays, numbers and strings only"):
+        ck.save(tmp_path / "run", plan, variables, step=0, extra={"fn": lambda x: x})
+    assert not (tmp_path / "run").exists() or not ck.available_steps(tmp_path / "run")
+    ck.save(tmp_path / "run", plan, variables, step=0, extra={"name": "run-1", "n": 3})
+    for bad in (tmp_path / "missing" / "x.npz", tmp_path):
+        with pytest.raises(ValueError, match=r"npz_path=.* must name a file in an existing "
+                                             r"directory"):
+            ck.export_tables(tmp_path / "run", npz_path=bad)

@@ -76,6 +76,11 @@ def export_tables(
     Returns:
       Table name → its rows, without padding and without optimizer slots.
     """
+    if npz_path is not None:  # checked before the tables are read
+        target = Path(npz_path)
+        if target.is_dir() or not target.parent.is_dir():
+            raise ValueError(f"export_tables: npz_path={str(npz_path)!r} must name a file in an "
+                             "existing directory.")
     if isinstance(source, Mapping):
         if plan is None:
             raise ValueError("export_tables: pass the plan the in-memory variables belong to.")

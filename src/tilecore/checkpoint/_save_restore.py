@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from jax.sharding import Mesh
@@ -74,6 +75,16 @@ def _checksums(plan: StackingPlan, variables: Mapping[str, EmbeddingVariables], 
                            None if extra is None else extra_checksums(extra))
 
 
+def _check_extra(extra: Any) -> None:
+    """Every leaf of `extra` is something Orbax saves: an array or a number (a function,
+    say, failed inside Orbax and left its threads printing tracebacks at exit)."""
+    paths = jax.tree_util.tree_flatten_with_path(extra)[0]
+    for path, leaf in paths:
+        if not isinstance(leaf, np.ndarray | jax.Array | np.generic | int | float | bool | str):
+            raise TypeError(f"save: extra{jax.tree_util.keystr(path)} is a "
+                            f"{type(leaf).__name__}; extra may hold arrays, numbers and strings only.")
+
+
 def save(
     directory: PathLike,
     plan: StackingPlan,
@@ -111,6 +122,8 @@ def save(
         raise ValueError(  # 0 would delete the step just saved
             f"save: max_to_keep must be an integer >= 1 or None (keep all), got {max_to_keep=!r}.")
     check_variables(plan, variables)
+    if extra is not None:
+        _check_extra(extra)
     items: dict[str, ocp.args.CheckpointArgs] = {
         EMBEDDINGS: ocp.args.PyTreeSave(_embeddings_tree(tuple(plan.stacks), variables)),
         METADATA: ocp.args.JsonSave(seal({**plan_json(plan, int(step), __version__),
