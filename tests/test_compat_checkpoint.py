@@ -434,3 +434,26 @@ def test_public_names() -> None:
 
 if __name__ == "__main__" and sys.argv[1] == "multidevice":
     _multidevice(Path(sys.argv[2]))
+
+
+def test_save_checkpoint_refuses_a_step_orbax_would_skip(tmp_path: Path) -> None:
+    """Orbax's manager skips a step at or below its latest, and save_checkpoint returned as
+    if it had saved: the state of that call was lost in silence."""
+    specs, model, optimizer = build(1, 2, 0)
+    manager = cu.create_checkpoint_manager(cp_path=tmp_path / "run",
+                                           cp_options=ocp.CheckpointManagerOptions())
+
+    def save_at(step: object) -> None:
+        cu.save_checkpoint(cp_manager=manager, step=step, model=model,  # type: ignore[arg-type]
+                           optimizer=optimizer, feature_specs=specs, num_global_devices=1,
+                           num_sc_per_device=2)
+
+    save_at(5)
+    manager.wait_until_finished()
+    for step in (3, 5):
+        with pytest.raises(ValueError, match=rf"step {step} would not be saved: .* already "
+                                             r"holds step 5, and steps must increase"):
+            save_at(step)
+    with pytest.raises(ValueError, match=r"step must be an integer >= 0, got step=1\.5"):
+        save_at(1.5)
+    manager.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -188,3 +189,28 @@ def test_bad_arguments_name_the_fix() -> None:
     with pytest.raises(ValueError, match=r"gcd\(multiplier, 100\) == 1"):
         data.Workload(name="w", features=(feature,), batch_size=SMALL,
                       distributions=(data.IdDistribution(exponent=1.1, multiplier=10),))
+
+
+def test_options_columns_seeds_and_indices_of_the_wrong_kind(tmp_path: Path) -> None:
+    """batch_size 2.5 read 3 rows, vocab 10.5 was kept, a bare column string was split into
+    characters, a negative seed was numpy's unnamed error, and npz batch -1 was taken."""
+    for kwargs, message in (({"batch_size": 2.5}, "batch_size must be an integer >= 1"),
+                            ({"batch_size": True}, "batch_size must be an integer >= 1"),
+                            ({"held_out_batches": 1.5}, "held_out_batches must be an integer"),
+                            ({"vocab_sizes": (10.5,)}, r"vocab_sizes must be integers >= 1")):
+        with pytest.raises(ValueError, match=f"ReadOptions: {message}"):
+            data.ReadOptions(**kwargs)  # type: ignore[arg-type]
+    for kwargs, name in (({"sparse": "c00"}, "sparse"), ({"dense": "d0"}, "dense"),
+                         ({"shared_tables": {"t": "c01"}}, r"shared_tables\['t'\]")):
+        with pytest.raises(ValueError, match=f"ClickColumns: {name} must be a tuple of column "
+                                             "names, got the string"):
+            data.ClickColumns(**kwargs)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="get_workload: seed must be an integer >= 0, got -1"):
+        data.get_workload("criteo", seed=-1)
+    with pytest.raises(ValueError, match="write_sample: seed must be an integer >= 0, got -1"):
+        data.write_sample(tmp_path, "criteo-tsv", rows=10, seed=-1)
+    files = data.write_sample(tmp_path, "npz", rows=256, batch_size=64)
+    source = data.open_click_data(files, data.ReadOptions(progress=False))
+    for call in (lambda: source.train_batch(-1), lambda: source.eval_batch(-1)):
+        with pytest.raises(ValueError, match="must be an integer >= 0, got -1"):
+            call()

@@ -50,6 +50,12 @@ class ClickSource(Protocol):
     def eval_batch(self, index: int) -> ClickBatch: ...
 
 
+def _check_index(what: str, value: int) -> None:
+    """A batch index is an integer >= 0 (as the streamed sources require)."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
+        raise ValueError(f"{what} must be an integer >= 0, got {value!r}.")
+
+
 def _write_atomic(path: Path, content: bytes) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_bytes(content)
@@ -104,10 +110,12 @@ class ClickFiles:
 
     def train_batch(self, step: int) -> ClickBatch:
         """Training batch `step`: the files in name order, cycled."""
+        _check_index("train_batch: step", step)
         return self._read(self.train_files[step % len(self.train_files)])
 
     def eval_batch(self, index: int) -> ClickBatch:
         """Held-out batch `index` (cycled over the eval files)."""
+        _check_index("eval_batch: index", index)
         return self._read(self.eval_files[index % len(self.eval_files)])
 
     def _read(self, path: Path) -> ClickBatch:

@@ -6,6 +6,8 @@ import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 
+import numpy as np
+
 DEFAULT_VOCAB_SIZE = 100_000
 """Rows of each table when neither `vocab_sizes` nor the file's schema gives them."""
 
@@ -33,6 +35,11 @@ class ClickColumns:
     shared_tables: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for name, value in (("dense", self.dense), ("sparse", self.sparse),
+                            *((f"shared_tables[{t!r}]", c) for t, c in self.shared_tables.items())):
+            if isinstance(value, str):  # it would be read as its characters
+                raise ValueError(f"ClickColumns: {name} must be a tuple of column names, got the "
+                                 f"string {value!r} (write ({value!r},)).")
         named = [self.label, *(self.dense or ()), *(self.sparse or ())]
         twice = sorted({n for n in named if named.count(n) > 1})
         if twice:
@@ -93,6 +100,15 @@ class ReadOptions:
     progress: bool = True
 
     def __post_init__(self) -> None:
+        for name, low in (("batch_size", 1), ("held_out_batches", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | np.integer):
+                raise ValueError(f"ReadOptions: {name} must be an integer >= {low}, got "
+                                 f"{name}={value!r}.")
+        if self.vocab_sizes is not None and any(
+                isinstance(v, bool) or not isinstance(v, int | np.integer) for v in self.vocab_sizes):
+            raise ValueError(f"ReadOptions: vocab_sizes must be integers >= 1, got "
+                             f"{self.vocab_sizes!r}.")
         if self.batch_size < 1 or self.held_out_batches < 0:
             raise ValueError(f"ReadOptions: need batch_size >= 1 and held_out_batches >= 0, got "
                              f"batch_size={self.batch_size}, "

@@ -155,4 +155,7 @@ def get_workload(name: str, **kwargs: int) -> Workload:
     """The built-in workload `name`, built with `kwargs` (e.g. `seed`, `batch_size`)."""
     if name not in WORKLOADS:
         raise ValueError(f"Unknown workload {name!r}; choose one of {sorted(WORKLOADS)}.")
+    seed = kwargs.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+        raise ValueError(f"get_workload: seed must be an integer >= 0, got {seed!r}.")
     return WORKLOADS[name](**kwargs)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import flax.nnx as nnx
+import numpy as np
 import orbax.checkpoint as ocp
 
 from ...._checkpoint_convert import convert_items, save_converted
@@ -134,6 +135,14 @@ def save_checkpoint(
             f"{num_sc_per_device} does not match how feature_specs were stacked ({err}). Pass "
             "the topology the specs were prepared for."
         ) from None
+    if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
+        raise ValueError(f"save_checkpoint: step must be an integer >= 0, got step={step!r}.")
+    latest = cp_manager.latest_step()
+    if latest is not None and step <= latest:  # Orbax would skip it without a word (a step
+        # its save interval skips stays skipped, as the reference's programs expect)
+        raise ValueError(f"save_checkpoint: step {step} would not be saved: "
+                         f"{cp_manager.directory} already holds step {latest}, and steps must "
+                         "increase. The state of this call is not on disk.")
     cp_manager.save(step, args=ocp.args.Composite(**{
         model_key: ocp.args.StandardSave(nnx.state(model)),
         optimizer_key: ocp.args.StandardSave(nnx.state(optimizer, nnx.OptState)),
