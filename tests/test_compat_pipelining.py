@@ -178,3 +178,12 @@ def test_default_stages_need_a_one_axis_mesh() -> None:
     for make in (ep_utils.get_default_sc_fwd_function, ep_utils.get_default_sc_bwd_function):
         with pytest.raises(ValueError, match=r"must be 1-D .* got axes \{'a': 1, 'b': 1\}"):
             make(feature_specs(), mesh)
+
+
+def test_fake_tc_step_must_be_a_bool() -> None:
+    """'no' was taken for True: a fake TC step ran and its output was zeros."""
+    from tilecore.compat import _pipelining
+
+    with pytest.raises(TypeError, match="fake_tc_step must be True or False, got 'no'"):
+        _pipelining.step(None, None, None, None, None, None, None,  # type: ignore[arg-type]
+                         fake_tc_step="no")  # type: ignore[arg-type]

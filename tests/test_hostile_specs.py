@@ -139,3 +139,17 @@ def test_plan_and_statistics_arguments_of_the_wrong_type() -> None:
     with pytest.raises(TypeError, match=r"the statistics must be the PreprocessStats .* got str"):
         tc.update_preprocessing_parameters(tc.plan_stacking(features, topology),
                                            "junk")  # type: ignore[arg-type]
+
+
+def test_converted_batch_sizes_and_reference_combiners_of_the_wrong_kind() -> None:
+    """target_batch_size=16.5 was written as 16; row_gains' 'max' combiner computed sqrtn."""
+    from tilecore.compat._checkpoint_targets import feature_specs_from_proto
+    from tilecore.testing import row_gains
+
+    for size in (16.5, True, 0):
+        with pytest.raises(ValueError, match="target_batch_size must be an integer >= 1"):
+            feature_specs_from_proto(None, size, keep_limits=True)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="combiner must be 'sum', 'mean' or 'sqrtn', got 'max'"):
+        row_gains(np.arange(2), None, "max")
+    with pytest.raises(ValueError, match=r"row_gains: \(1,\) weights for \(2,\) IDs"):
+        row_gains(np.arange(2), np.ones(1), "sum")

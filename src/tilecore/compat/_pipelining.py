@@ -12,6 +12,7 @@ from typing import Any, TypeVar, cast
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh, Sharding
 
 from .. import pipelining as tcp
@@ -124,6 +125,8 @@ def step(
     gradients (not the previous ones) to the next SC backward stage; in a loop of
     `get_pipeline_train_steps(n)` calls the results are the same.
     """
+    if not isinstance(fake_tc_step, bool | np.bool_):  # "no" was taken for True
+        raise TypeError(f"fake_tc_step must be True or False, got {fake_tc_step!r}.")
     last, before = pipeline_state.last_step_inputs, pipeline_state.step_before_last_step_inputs
     # tilecore's state is typed for its own batches; the stages only pass these through.
     state = tcp.TrainState(

@@ -90,6 +90,10 @@ def row_gains(ids: np.ndarray, weights: np.ndarray | None, combiner: str) -> np.
     Unit weights: 1, `1/n` or `1/√n`. Weighted: `w`, `w/Σw` (Σw summed in float32,
     in order) or `w/√Σw²` (Σw² accumulated with a float32 fused multiply-add).
     """
+    if combiner not in ("sum", "mean", "sqrtn"):
+        raise ValueError(f"row_gains: combiner must be 'sum', 'mean' or 'sqrtn', got {combiner!r}.")
+    if weights is not None and np.shape(weights) != np.shape(ids):
+        raise ValueError(f"row_gains: {np.shape(weights)} weights for {np.shape(ids)} IDs.")
     n = len(ids)
     one = np.float32(1.0)
     if n == 0:
