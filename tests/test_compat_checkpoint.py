@@ -457,3 +457,14 @@ def test_save_checkpoint_refuses_a_step_orbax_would_skip(tmp_path: Path) -> None
     with pytest.raises(ValueError, match=r"step must be an integer >= 0, got step=1\.5"):
         save_at(1.5)
     manager.close()
+
+
+def test_restore_steps_of_the_wrong_type_are_not_called_missing_or_damaged(
+        saved: tuple[Path, dict, list]) -> None:
+    """step='1' said 'Step 1 not found ... it has steps [1]'; 1.0 was read as a damaged '1.0'."""
+    path, _, _ = saved
+    _, model, optimizer = fresh(1, 4)
+    for step in ("1", 1.0, True):
+        with pytest.raises(TypeError, match=f"step must be an integer .* got step={step!r}"):
+            cu.restore_checkpoint(input_checkpoint_path=path, step=step,  # type: ignore[arg-type]
+                                  model=model, optimizer=optimizer)

@@ -237,6 +237,10 @@ def convert_cross_topology_checkpoint(
     """
     if input_checkpoint_path is None or output_checkpoint_path is None:
         return
+    if save_step is not None and (isinstance(save_step, bool) or not isinstance(
+            save_step, int | np.integer) or save_step < 0):
+        raise ValueError(f"convert_cross_topology_checkpoint: save_step must be an integer >= 0 "
+                         f"or None, got save_step={save_step!r}.")
     keys = (model_key, optimizer_key, embedding_spec_key)
     with open_checkpoint(None, input_checkpoint_path, restore_step, keys,
                          EmbeddingSpecProto) as (manager, step, metadata, proto):
