@@ -246,3 +246,18 @@ def test_linen_bfloat16_tables_give_bfloat16_activations_and_updates() -> None:
     updated = layer.apply(half, jax.tree.map(jnp.ones_like, acts), inputs,
                           method=embed.SparseCoreEmbed.apply_gradient)
     assert {u.dtype for u in jax.tree.leaves(updated)} == {jnp.dtype(jnp.bfloat16)}
+
+
+def test_integer_tables_are_refused() -> None:
+    """Looked up in float32 and cast back to int32: truncated activations, no error."""
+    mesh = Mesh(np.asarray(jax.devices()[:1]), "x")
+    layer = embed.SparseCoreEmbed(reference_feature_specs(16, 2), sharding_axis="x", _mesh=mesh,
+                                  num_sc_per_device=2)
+    rng = np.random.default_rng(0)
+    ids = {"user": rng.integers(0, 64, (16, 1)).astype(np.int32),
+           "item": rng.integers(0, 96, (16, 3)).astype(np.int32)}
+    inputs = layer.preprocess_inputs(0, ids, None)
+    params = layer.init(jax.random.key(0), inputs)
+    as_ints = jax.tree.map(lambda x: (x * 1000).astype(jnp.int32), params)
+    with pytest.raises(ValueError, match=r"has dtype int32; tables and slots must be floating"):
+        layer.apply(as_ints, inputs)

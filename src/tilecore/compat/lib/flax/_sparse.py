@@ -53,7 +53,14 @@ def make_plan(feature_specs: Any, global_devices: int, num_sc_per_device: int | 
 
 
 def as_float32(variables: Any) -> Any:
-    """`variables` with every leaf in float32 (the lookup and update run in float32)."""
+    """`variables` with every leaf in float32 (the lookup and update run in float32).
+    Raises for a leaf that is not floating point: its activations would come back
+    truncated to its integer type."""
+    for path, leaf in jax.tree_util.tree_flatten_with_path(variables)[0]:
+        if not jnp.issubdtype(leaf.dtype, jnp.floating):
+            raise ValueError(f"The embedding variable {jax.tree_util.keystr(path)} has dtype "
+                             f"{leaf.dtype}; tables and slots must be floating point "
+                             "(float32, bfloat16 or float16).")
     return jax.tree.map(lambda x: x if x.dtype == jnp.float32 else x.astype(jnp.float32),
                         variables)
 
