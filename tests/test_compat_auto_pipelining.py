@@ -614,3 +614,14 @@ def test_two_devices() -> None:
 
 if __name__ == "__main__" and sys.argv[1:] == ["multidevice"]:
     _multidevice()
+
+
+def test_finalizing_a_drained_pipeline_is_refused() -> None:
+    """A second finalize_pipelining returned (state, (carry, None)) as if it had results."""
+    case = make_case("adagrad", steps=2)
+    fn = ap.auto_pipelining(make_step(case), out_shardings=None)
+    state, (carry, _) = fn(ap.init_state(), case.fresh_carry(), *case.data[0])
+    state, (carry, _) = fn(state, carry, *case.data[1])
+    state, (carry, _) = ap.finalize_pipelining(fn, state, carry)
+    with pytest.raises(ValueError, match="the pipeline is drained already"):
+        ap.finalize_pipelining(fn, state, carry)

@@ -143,6 +143,10 @@ def finalize_pipelining(fn: Callable[..., Any], state: EmbeddingPipeliningState,
     if not isinstance(fn, PipeliningFunction):
         raise TypeError(f"finalize_pipelining: {_ap.name_of(fn)} is not wrapped by "
                         "auto_pipelining; pass the function auto_pipelining returned.")
+    if (isinstance(state, EmbeddingPipeliningState) and state.args_1 is not None
+            and state.activations_1 is None and state.updates_0 is None):
+        raise ValueError("finalize_pipelining: the pipeline is drained "
+                         "already (this state is a finalize's); nothing is in flight.")
     state, (carry, *results) = fn.finalize(state, carry)
     state, (carry, *_) = fn.finalize(state, carry)
     return state, (carry, *results)
