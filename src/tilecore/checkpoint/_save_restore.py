@@ -19,6 +19,7 @@ from jax.sharding import Mesh
 
 from .. import __version__
 from ..ops import DEFAULT_AXIS, EmbeddingVariables, unshard
+from ..specs._numbers import is_integer
 from ..stacking import StackingPlan
 from ._checksums import embedding_checksums, extra_checksums, saved_checksums, seal
 from ._compare import same_layout, table_mismatches
@@ -115,10 +116,9 @@ def save(
       of a multi-process job a `hashsum64` that the processes add up from their
       shards (`_checksums`); every process must call `save`.
     """
-    if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
+    if not is_integer(step) or step < 0:
         raise ValueError(f"save: step must be an integer >= 0, got step={step!r}.")
-    if max_to_keep is not None and (isinstance(max_to_keep, bool) or not isinstance(
-            max_to_keep, int | np.integer) or max_to_keep < 1):
+    if max_to_keep is not None and (not is_integer(max_to_keep) or max_to_keep < 1):
         raise ValueError(  # 0 would delete the step just saved
             f"save: max_to_keep must be an integer >= 1 or None (keep all), got {max_to_keep=!r}.")
     check_variables(plan, variables)

@@ -20,6 +20,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.sharding import Sharding, SingleDeviceSharding
 
+from ..specs._numbers import is_integer
 from ._checksums import Expected, leaf_key, problem, seal_problem
 from ._errors import CheckpointCorruptError, CheckpointNotFoundError
 from ._metadata import SavedLayout, parse
@@ -54,7 +55,7 @@ def available_steps(directory: PathLike) -> tuple[int, ...]:
 
 def pick_step(directory: PathLike, step: int | None) -> int:
     """`step` (or the latest) after checking that it was saved."""
-    if step is not None and (isinstance(step, bool) or not isinstance(step, int | np.integer)):
+    if step is not None and not is_integer(step):
         raise TypeError(f"step must be an integer (a saved step) or None (the latest), got "
                         f"step={step!r}.")
     steps = available_steps(directory)

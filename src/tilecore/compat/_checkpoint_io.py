@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import numpy as np
 import orbax.checkpoint as ocp
 
 from ..checkpoint import CheckpointCorruptError
+from ..specs._numbers import is_integer
 
 PathLike = str | os.PathLike[str]
 KeyPath = tuple[str, ...]
@@ -44,7 +44,7 @@ def create_manager(cp_path: PathLike, cp_options: ocp.CheckpointManagerOptions,
 
 def resolve_step(manager: ocp.CheckpointManager, step: int | None) -> int:
     """`step`, or the latest one, after checking it was saved in the manager's directory."""
-    if step is not None and (isinstance(step, bool) or not isinstance(step, int | np.integer)):
+    if step is not None and not is_integer(step):
         raise TypeError(f"step must be an integer (a saved step) or None (the latest), got "
                         f"step={step!r}.")  # 1.0 was read as a damaged step "1.0"
     steps = sorted(manager.all_steps())

@@ -14,9 +14,8 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-import numpy as np
-
 from ..specs import DEFAULT_ACTIVATION_MEM_BYTES_LIMIT
+from ..specs._numbers import is_integer
 from ._optimizers import SGDOptimizerSpec
 from ._specs import FeatureSpec, TableSpec
 
@@ -38,8 +37,7 @@ def feature_specs_from_proto(proto: Any, target_batch_size: int | None,
     """Unstacked FeatureSpecs the proto describes (feature name → spec, in proto order)."""
     from .lib.nn.embedding_proto_utils import proto_to_optimizer_spec
 
-    if target_batch_size is not None and (isinstance(target_batch_size, bool) or not isinstance(
-            target_batch_size, int | np.integer) or target_batch_size < 1):
+    if target_batch_size is not None and (not is_integer(target_batch_size) or target_batch_size < 1):
         raise ValueError(f"target_batch_size must be an integer >= 1 (or None: the saved "
                          f"one), got {target_batch_size!r}.")
 

@@ -16,6 +16,7 @@ import functools
 import numpy as np
 
 from .. import specs as native
+from ..specs._numbers import is_integer
 from ..stacking import physical_rows, plan_stacking
 
 _TABLE = "table"
@@ -24,7 +25,7 @@ _TABLE = "table"
 def _check_counts(what: str, vocab_size: int, num_devices: int, num_sc_per_device: int) -> int:
     """N = num_devices × num_sc_per_device, after checking the counts and `vocab_size`."""
     for name, value in (("num_devices", num_devices), ("num_sc_per_device", num_sc_per_device)):
-        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        if not is_integer(value) or value < 1:
             raise ValueError(f"{what}: {name} must be an integer >= 1, got {value!r}.")
     partitions = int(num_devices) * int(num_sc_per_device)
     if vocab_size < 1 or vocab_size % partitions:

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..preprocessing import Ragged
+from ..specs._numbers import is_integer
 from ._clicks import ClickBatch, ClickFeature
 from ._files import npz_arrays, ragged_from_npz, read_npz
 
@@ -52,7 +53,7 @@ class ClickSource(Protocol):
 
 def _check_index(what: str, value: int) -> None:
     """A batch index is an integer >= 0 (as the streamed sources require)."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
+    if not is_integer(value) or value < 0:
         raise ValueError(f"{what} must be an integer >= 0, got {value!r}.")
 
 

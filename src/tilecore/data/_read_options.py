@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 
-import numpy as np
+from ..specs._numbers import is_integer
 
 DEFAULT_VOCAB_SIZE = 100_000
 """Rows of each table when neither `vocab_sizes` nor the file's schema gives them."""
@@ -102,11 +102,11 @@ class ReadOptions:
     def __post_init__(self) -> None:
         for name, low in (("batch_size", 1), ("held_out_batches", 0)):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | np.integer):
+            if not is_integer(value):
                 raise ValueError(f"ReadOptions: {name} must be an integer >= {low}, got "
                                  f"{name}={value!r}.")
         if self.vocab_sizes is not None and any(
-                isinstance(v, bool) or not isinstance(v, int | np.integer) for v in self.vocab_sizes):
+                not is_integer(v) for v in self.vocab_sizes):
             raise ValueError(f"ReadOptions: vocab_sizes must be integers >= 1, got "
                              f"{self.vocab_sizes!r}.")
         if self.batch_size < 1 or self.held_out_batches < 0:

@@ -25,6 +25,7 @@ from typing import Literal, get_args
 
 import numpy as np
 
+from ..specs._numbers import is_integer
 from ._click_files import write_click_files
 from ._clicks import ClickBatch, ClickDataset, clicks
 from ._parquet import SCHEMA_KEY
@@ -118,7 +119,7 @@ def write_sample(directory: str | os.PathLike[str], kind: SampleFormat, *, rows:
     if kind not in get_args(SampleFormat):
         raise ValueError(f"write_sample: unknown format {kind!r}; use one of "
                          f"{list(get_args(SampleFormat))}.")
-    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+    if not is_integer(seed) or seed < 0:
         raise ValueError(f"write_sample: seed must be an integer >= 0, got {seed!r}.")
     if rows < 1 or batch_size < 1:
         raise ValueError(f"write_sample: rows and batch_size must be >= 1, got {rows=}, "

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ..specs import FeatureSpec, TableSpec
+from ..specs._numbers import is_integer
 from ._workload import IdDistribution, Workload
 
 
@@ -156,6 +157,6 @@ def get_workload(name: str, **kwargs: int) -> Workload:
     if name not in WORKLOADS:
         raise ValueError(f"Unknown workload {name!r}; choose one of {sorted(WORKLOADS)}.")
     seed = kwargs.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+    if not is_integer(seed) or seed < 0:
         raise ValueError(f"get_workload: seed must be an integer >= 0, got {seed!r}.")
     return WORKLOADS[name](**kwargs)

@@ -20,6 +20,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ..preprocessing import FeatureInput, PreprocessedBatch, Ragged
 from ..specs import DEFAULT_AXIS
+from ..specs._numbers import is_integer
 
 T = TypeVar("T")
 
@@ -41,7 +42,7 @@ def _local_positions(mesh: Mesh, axis: str) -> range:
 
 def process_rows(global_rows: int, mesh: Mesh, axis: str = DEFAULT_AXIS) -> slice:
     """The rows of a `global_rows` batch this process preprocesses."""
-    if isinstance(global_rows, bool) or not isinstance(global_rows, int | np.integer) or (
+    if not is_integer(global_rows) or (
             global_rows < 0):
         raise ValueError(f"process_rows: global_rows must be an integer >= 0, got "
                          f"{global_rows!r}.")

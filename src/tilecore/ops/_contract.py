@@ -173,12 +173,6 @@ def check_grads(grads: jax.Array, layout: StackLayout) -> None:
             "gradients of the activations lookup returned for this batch.")
 
 
-def stack_names(mapping: Mapping[str, Any], plan: StackingPlan, what: str) -> None:
-    missing = sorted(set(plan.stacks) - set(mapping))
-    if missing:
-        raise ValueError(f"{what} lack stacks {missing}; the plan has {sorted(plan.stacks)}.")
-
-
 def check_clip(what: str, clip: Any) -> None:
     """`clip` maps names to (min, max) pairs of numbers with min <= max (NaN refused)."""
     if not isinstance(clip, Mapping):

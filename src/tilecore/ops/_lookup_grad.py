@@ -14,6 +14,7 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
 from ..preprocessing import PreprocessedBatch, StackBuffers
+from ..specs._numbers import is_integer
 from ..stacking import StackingPlan
 from . import _checks as checks
 from ._activations import feature_gradients
@@ -52,7 +53,7 @@ class UpdateOptions:
 
     def __post_init__(self) -> None:
         seed = self.rounding_seed
-        if (isinstance(seed, bool) or not isinstance(seed, int | np.integer)
+        if (not is_integer(seed)
                 or not 0 <= int(seed) < 2**64):
             raise ValueError(f"UpdateOptions: rounding_seed must be an integer in [0, 2**64), "
                              f"got rounding_seed={seed!r}.")

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..preprocessing import PreprocessedBatch, StackBuffers
+from ..specs._numbers import is_integer
 from ._types import StepInput, Variables
 
 _FILLER_ID = 2**31 - 1
@@ -114,6 +115,6 @@ def is_output_valid(call: int, num_steps: int) -> bool:
 
 def pipeline_steps(num_steps: int) -> int:
     """Calls a pipelined loop makes for `num_steps` real steps: two more, to fill and drain."""
-    if isinstance(num_steps, bool) or not isinstance(num_steps, int | np.integer) or num_steps < 0:
+    if not is_integer(num_steps) or num_steps < 0:
         raise ValueError(f"num_steps must be an integer ≥ 0; got {num_steps=}.")
     return num_steps + 2

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..specs import FeatureSpec, Topology
+from ..specs._numbers import is_integer
 from ..stacking import StackingPlan
 from . import _kernels as k
 from ._agreement import Agreement, LocalAgreement
@@ -326,7 +327,7 @@ def preprocess(
         (with minibatching: one hash bucket alone exceeds them).
     """
     weights = checked_names(plan.features, inputs, weights)
-    if isinstance(batch_number, bool) or not isinstance(batch_number, int | np.integer) or not (
+    if not is_integer(batch_number) or not (
             0 <= batch_number < 2**63):  # a key of the processes' agreement, alike everywhere
         raise ValueError(f"batch_number must be an integer in [0, 2**63), got {batch_number!r}.")
     topo = plan.topology

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numbers
 from typing import Any
 
+import numpy as np
+
 
 def plain(value: Any) -> Any:
     """`value` as a Python int or float when it is an integer or real number of another
@@ -20,6 +22,12 @@ def plain(value: Any) -> Any:
     if isinstance(value, numbers.Real):
         return float(value)
     return value
+
+
+def is_integer(value: Any) -> bool:
+    """Whether `value` is an integer, Python's or NumPy's (a bool is not): the one test of
+    the counts, steps, seeds and indices the library is handed."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool | np.bool_)
 
 
 def make_plain(spec: object, *names: str) -> None:

@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 import flax.nnx as nnx
-import numpy as np
 import orbax.checkpoint as ocp
 
+from .....specs._numbers import is_integer
 from ...._checkpoint_convert import convert_items, save_converted
 from ...._checkpoint_io import (
     PathLike,
@@ -135,7 +135,7 @@ def save_checkpoint(
             f"{num_sc_per_device} does not match how feature_specs were stacked ({err}). Pass "
             "the topology the specs were prepared for."
         ) from None
-    if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
+    if not is_integer(step) or step < 0:
         raise ValueError(f"save_checkpoint: step must be an integer >= 0, got step={step!r}.")
     latest = cp_manager.latest_step()
     if latest is not None and step <= latest:  # Orbax would skip it without a word (a step
@@ -237,8 +237,7 @@ def convert_cross_topology_checkpoint(
     """
     if input_checkpoint_path is None or output_checkpoint_path is None:
         return
-    if save_step is not None and (isinstance(save_step, bool) or not isinstance(
-            save_step, int | np.integer) or save_step < 0):
+    if save_step is not None and (not is_integer(save_step) or save_step < 0):
         raise ValueError(f"convert_cross_topology_checkpoint: save_step must be an integer >= 0 "
                          f"or None, got save_step={save_step!r}.")
     keys = (model_key, optimizer_key, embedding_spec_key)
