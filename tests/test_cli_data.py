@@ -84,6 +84,10 @@ def test_reading_flags_are_checked(samples: Path, capsys: pytest.CaptureFixture[
     assert main(["limits", "--data", str(bad)]) == 2
     assert f"{bad}, line 1: 2 tab-separated fields" in capsys.readouterr().err
     bad.unlink()
+    parquet = str(samples / "clicks.parquet")
+    assert main(["limits", "--data", parquet, "--sparse-columns", "label"]) == 2
+    err = capsys.readouterr().err
+    assert "columns ['label'] have more than one role" in err and "--label-column, default" in err
 
 
 def test_shared_tables_from_the_command_line(samples: Path, tmp_path: Path,

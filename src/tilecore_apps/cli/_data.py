@@ -67,10 +67,15 @@ def read_options(args: argparse.Namespace, *, held_out: int) -> data.ReadOptions
         raise ValueError(f"--shared-table names tables {twice} more than once; list all of a "
                          "table's columns in one --shared-table.")
     shared = dict(args.shared_tables or ())
-    columns = data.ClickColumns(**({} if args.label_column is None
-                                   else {"label": args.label_column}),
-                                dense=args.dense_columns, sparse=args.sparse_columns,
-                                shared_tables=shared)
+    try:
+        columns = data.ClickColumns(**({} if args.label_column is None
+                                       else {"label": args.label_column}),
+                                    dense=args.dense_columns, sparse=args.sparse_columns,
+                                    shared_tables=shared)
+    except ValueError as error:  # name the flags, not the class they fill
+        message = str(error).removeprefix("ClickColumns: ")
+        raise ValueError(f"{message} (--label-column, default 'label', --dense-columns, "
+                         "--sparse-columns and --shared-table give the roles)") from None
     return data.ReadOptions(batch_size=args.batch_size or 1024, vocab_sizes=args.vocab_sizes,
                             held_out_batches=held_out, eval_path=getattr(args, "eval_data", None),
                             skip_bad_rows=args.skip_bad_rows, columns=columns)

@@ -235,18 +235,16 @@ def slice_table(layout, slices, arrays, dim):
 
 
 @_jit
-def _zero_rows(layout, slices, outputs, first, stop):
-    """Zero the rows of each slice's output that stacked rows `[first, stop)` go to (checked
-    by `slice_table`): in each SparseCore's block one run of bytes per slice."""
+def _zero_slice(layout, slices, outputs, k, s, first, stop):
+    """Zero the rows of slice `k`'s output in SparseCore `s`'s block that stacked rows
+    `[first, stop)` go to (checked by `slice_table`): one run of bytes."""
     samples = layout[4]
-    for k in range(slices.shape[0]):
-        start, count = slices[k, 0], slices[k, 1]
-        address, width = outputs[k, 0], outputs[k, 2]
-        for s in range(layout[1]):
-            low = max(first - s * samples - start, 0)
-            high = min(stop - s * samples - start, count)
-            if low < high:
-                zero_bytes(address + (s * count + low) * width * 4, (high - low) * width * 4)
+    start, count = slices[k, 0], slices[k, 1]
+    address, width = outputs[k, 0], outputs[k, 2]
+    low = max(first - s * samples - start, 0)
+    high = min(stop - s * samples - start, count)
+    if low < high:
+        zero_bytes(address + (s * count + low) * width * 4, (high - low) * width * 4)
 
 
 @_jit
@@ -255,9 +253,11 @@ def _lookup_buffers(layout, which, row_pointers, embedding_ids, sample_ids, gain
     """Part `part` of `parts` of the activations: stacked rows `[n·part/parts,
     n·(part+1)/parts)` of the `n` of the block, zeroed and then summed from the entries that
     pool into them, each straight into its row of its slice's output (`slice_table`: each
-    part reads every entry's row, a fraction of a row's work, and no part writes
-    another's). The rows of a table too large for the caches are prefetched a few entries
-    ahead."""
+    part reads every entry's sample, a fraction of a row's work, and no part writes
+    another's). A slice's rows are zeroed when its first entry comes, so that they are
+    still in the core's cache when its entries add to them (the entries of one table's
+    rows come together), and the rest at the end. The rows of a table too large for the
+    caches are prefetched a few entries ahead, the part's own entries only."""
     rows_per_shard, samples = layout[3], layout[4]
     dim = table.shape[1]
     far = table.shape[0] * table.strides[0] > PREFETCH_TABLE_BYTES
@@ -268,36 +268,49 @@ def _lookup_buffers(layout, which, row_pointers, embedding_ids, sample_ids, gain
     if found is None:
         return 1
     owner, where = found
-    _zero_rows(layout, slices, outputs, first, stop)
-    # The slice of the last entry, and where its rows go: the next entry's too while its
-    # sample is in that slice's range (runs of one table's rows, one feature's samples).
-    low, high, address, block, stride, width = 0, 0, 0, 0, 0, 0
+    zeroed = np.zeros((slices.shape[0], layout[1]), np.bool_)
     passes = max(which[1], 1) if layout[5] else 1
     for minibatch in range(passes):
         bounds = run_bounds(layout, np.array([minibatch, passes], np.int32), row_pointers,
                             embedding_ids.shape[0])
         for s in range(bounds.shape[0]):
+            # The slice of the last entry, and where its rows go: the next entry's too
+            # while its sample is in that slice's range (runs of one table's rows, one
+            # feature's samples).
+            low, high, address, block, stride, width = 0, 0, 0, 0, 0, 0
+            mine_low = min(max(first - s * samples, 0), samples)
+            mine_high = min(max(stop - s * samples, 0), samples)
+            if mine_low == mine_high:
+                continue
             for p in range(bounds.shape[1]):
                 base = p * rows_per_shard
                 end = bounds[s, p, 1]
                 for j in range(bounds[s, p, 0], end):
                     if far and j + PREFETCH_DISTANCE < end:
-                        prefetch_row(table, base + embedding_ids[j + PREFETCH_DISTANCE])
+                        ahead = sample_ids[j + PREFETCH_DISTANCE]
+                        if mine_low <= ahead < mine_high:
+                            prefetch_row(table, base + embedding_ids[j + PREFETCH_DISTANCE])
                     sample = sample_ids[j]
-                    o = s * samples + sample
-                    if o < first or o >= stop or not entry_in_range(
+                    if sample < mine_low or sample >= mine_high or not entry_in_range(
                             embedding_ids[j], sample, rows_per_shard, samples):
                         continue
                     if sample < low or sample >= high:
                         k = owner[sample]
                         if k < 0:
                             continue
+                        if not zeroed[k, s]:
+                            _zero_slice(layout, slices, outputs, k, s, first, stop)
+                            zeroed[k, s] = True
                         low, high = slices[k, 0], slices[k, 0] + slices[k, 1]
                         address, block, stride, width = where[k, 0], where[k, 1], where[k, 2], \
                             where[k, 3]
                     add_scaled_from(address + s * block + sample * stride,
                                     row_address(table, base + embedding_ids[j]), gains[j],
                                     width, source_format)
+    for k in range(slices.shape[0]):
+        for s in range(layout[1]):
+            if not zeroed[k, s]:
+                _zero_slice(layout, slices, outputs, k, s, first, stop)
     return 0
 
 
