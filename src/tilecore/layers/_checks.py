@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..ops._contract import check_names
 from ..preprocessing import PreprocessedBatch
 from ..stacking import StackingPlan
 
@@ -26,31 +27,16 @@ def check_batch(plan: StackingPlan, batch: Any, layer: str) -> None:
 
 def check_variables(plan: StackingPlan, variables: Mapping[str, Any], layer: str) -> None:
     """`variables` holds every stack of `plan` (and nothing else)."""
-    missing = sorted(set(plan.stacks) - set(variables))
-    unknown = sorted(set(variables) - set(plan.stacks))
-    if missing or unknown:
-        raise ValueError(
-            f"{layer}: the embedding variables hold stacks {sorted(variables)} but the plan has "
-            f"{sorted(plan.stacks)} (missing {missing}, unknown {unknown}). Use the variables "
-            "this layer was initialised with (or ops.init_tables(plan, key) for this plan)."
-        )
+    check_names(layer, "the embedding variables", variables, plan.stacks,
+                "Use the variables this layer was initialised with (or ops.init_tables(plan, "
+                "key) for this plan).")
 
 
 def check_activation_grads(plan: StackingPlan, grads: Any, layer: str) -> None:
     """`grads` maps exactly `plan`'s features to arrays shaped like their activations."""
-    if not isinstance(grads, Mapping):
-        raise TypeError(
-            f"{layer}: activation gradients must map feature name → [batch, dim] array, got "
-            f"{type(grads).__name__}."
-        )
-    missing = sorted(set(plan.features) - set(grads))
-    unknown = sorted(set(grads) - set(plan.features))
-    if missing or unknown:
-        raise ValueError(
-            f"{layer}: activation gradients are keyed by features {sorted(grads)}, but the "
-            f"plan's features are {sorted(plan.features)} (missing {missing}, unknown "
-            f"{unknown}). Pass the gradients of this layer's activations (its probe)."
-        )
+    check_names(layer, "the activation gradients", grads, plan.features,
+                "Pass the gradients of this layer's activations (its probe): feature name → "
+                "[batch, dim] array.")
     for name, feature in plan.features.items():
         shape = tuple(getattr(grads[name], "shape", ()))
         want = (feature.batch_size, feature.table.embedding_dim)

@@ -102,16 +102,7 @@ def lookup_grad(
                 plan.stacks if stacked else plan.features,
                 "Pass the gradients of the activations lookup returned"
                 + (" (stacked=True: one per stack)." if stacked else " (one per feature)."))
-    unknown = sorted(set(options.clip) - set(layouts))
-    if unknown:
-        raise ValueError(f"clip names unknown stacks {unknown}; stacks: {sorted(layouts)}.")
-    for name, (low, high) in options.clip.items():
-        dtype = np.dtype(plan.stacks[name].weights_dtype)
-        largest = float(jnp.finfo(dtype).max)
-        if any(math.isfinite(b) and abs(b) > largest for b in (low, high)):  # a bound the
-            # table cannot hold: values clipped to it are written as inf
-            raise ValueError(f"clip[{name!r}] = {(low, high)} reaches beyond the {dtype.name} "
-                             f"values of stack {name!r}'s table (at most {largest:g} in size).")
+    _check_clip_ranges(plan, options)
     check_step(step)
     if should_jit(batch, variables, activation_grads, step):
         return _compiled_lookup_grad(ByIdentity(plan), batch, dict(variables),
@@ -132,6 +123,20 @@ def lookup_grad(
     )
     stacks, tables, grads = on_mesh(mesh, axis, dict(batch.stacks), tables, dict(activation_grads))
     return sharded(stacks, tables, grads, step, count)
+
+
+def _check_clip_ranges(plan: StackingPlan, options: UpdateOptions) -> None:
+    """Each clipped stack exists and its bounds fit its table's dtype (a bound the table
+    cannot hold would write the values clipped to it as inf)."""
+    unknown = sorted(set(options.clip) - set(plan.stacks))
+    if unknown:
+        raise ValueError(f"clip names unknown stacks {unknown}; stacks: {sorted(plan.stacks)}.")
+    for name, (low, high) in options.clip.items():
+        dtype = np.dtype(plan.stacks[name].weights_dtype)
+        largest = float(jnp.finfo(dtype).max)
+        if any(math.isfinite(b) and abs(b) > largest for b in (low, high)):
+            raise ValueError(f"clip[{name!r}] = {(low, high)} reaches beyond the {dtype.name} "
+                             f"values of stack {name!r}'s table (at most {largest:g} in size).")
 
 
 def _update_device(plan: StackingPlan, options: UpdateOptions, stacked: bool, axis: str | None,
