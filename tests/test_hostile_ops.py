@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 import tilecore as tc
-from tilecore import ops
+from tilecore import distributed, ops
 
 
 def make_plan(batch: int = 64, vocab: int = 1000, dim: int = 16, devices: int = 1,
@@ -309,3 +309,9 @@ def test_a_probe_of_other_features_or_shapes_is_refused() -> None:
         ops.embed(PLAN, batch, variables, {**probe, "history": jnp.zeros((128, 16))})
     with pytest.raises(TypeError, match="embed: the probe's arrays must map names to arrays"):
         ops.embed(PLAN, batch, variables, None)  # type: ignore[arg-type]
+
+
+def test_to_local_refuses_leaves_that_are_not_global_arrays() -> None:
+    with pytest.raises(TypeError, match=r"to_local: expected global jax.Arrays.*ndarray"):
+        distributed.to_local({"a": np.zeros(3)})
+    assert np.array_equal(distributed.to_local({"a": jnp.arange(3)})["a"], np.arange(3))

@@ -376,6 +376,12 @@ def test_misuse_is_explained() -> None:
         dense_state=tuple(stages.tc(*args).dense_state)))
     with pytest.raises(ValueError, match=r"another structure.*DenseState"):
         pl.TrainStep(stages=retyped, pipelined=False)(plain, first)
+    with pytest.raises(TypeError, match=r"empty_batch: expected a PreprocessedBatch.*str"):
+        pl.empty_batch("x")  # type: ignore[arg-type]
+    inputs = {name: np.zeros((plan.features[name].batch_size, 1), np.int32)
+              for name in plan.features}
+    with pytest.raises(ValueError, match="reference_lookup: no values for tables"):
+        reference_lookup(plan, inputs, None, {})
 
 
 def test_public_names() -> None:

@@ -126,6 +126,9 @@ def to_local(tree: T) -> T:
     """Global arrays split by their leading dimension → this process's rows (numpy)."""
 
     def local(x: jax.Array) -> np.ndarray:
+        if not isinstance(x, jax.Array):
+            raise TypeError(f"to_local: expected global jax.Arrays (what to_global returns), "
+                            f"got a leaf of type {type(x).__name__}.")
         shards = {s.index[0].start or 0: s for s in x.addressable_shards}  # replicas collapse
         return np.concatenate([np.asarray(shards[k].data) for k in sorted(shards)])
 

@@ -71,6 +71,9 @@ def empty_batch(like: PreprocessedBatch) -> PreprocessedBatch:
     activations and the gradient step touches no row, slot optimizers included.
     This is what `tilecore.preprocess` returns for samples without IDs.
     """
+    if not isinstance(like, PreprocessedBatch):
+        raise TypeError(f"empty_batch: expected a PreprocessedBatch to take the shapes of, got "
+                        f"{type(like).__name__}.")
 
     def empty(buffers: StackBuffers) -> StackBuffers:
         def full(x: Any, value: Any) -> np.ndarray:

@@ -99,6 +99,10 @@ def reference_lookup(
     rows); `tables` maps each table name to its `[vocab, dim]` values. Row b of a
     feature is `Σ gain·table[id]` over sample b's kept raw IDs; empty samples give 0.
     """
+    missing = sorted(set(plan.tables) - set(tables))
+    if missing:
+        raise ValueError(f"reference_lookup: no values for tables {missing}; tables maps each "
+                         f"of the plan's tables {sorted(plan.tables)} to its [vocab, dim] values.")
     out = {}
     for name, occ in _occurrences(plan, inputs, weights).items():
         table = plan.features[name].table
@@ -125,6 +129,10 @@ def reference_row_gradients(
     occurrence of it, in every feature that looks the table up. A touched row is
     listed even if its gradient is zero; untouched rows are absent.
     """
+    missing = sorted(set(plan.features) - set(activation_grads))
+    if missing:
+        raise ValueError(f"reference_row_gradients: no activation gradients for features "
+                         f"{missing}; pass one [batch, dim] array per feature of the plan.")
     out: dict[str, dict[int, np.ndarray]] = {name: {} for name in plan.tables}
     for name, occ in _occurrences(plan, inputs, weights).items():
         table = plan.features[name].table
