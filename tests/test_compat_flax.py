@@ -261,3 +261,18 @@ def test_integer_tables_are_refused() -> None:
     as_ints = jax.tree.map(lambda x: (x * 1000).astype(jnp.int32), params)
     with pytest.raises(ValueError, match=r"has dtype int32; tables and slots must be floating"):
         layer.apply(as_ints, inputs)
+
+
+def test_linen_misuse_is_explained() -> None:
+    specs = feature_specs()
+    layer = embed.SparseCoreEmbed(specs, sharding_axis="x", _mesh=MESH, num_sc_per_device=SC)
+    ids, _ = examples(1)[0]
+    inputs = layer.preprocess_inputs(0, ids, None)
+    with pytest.raises(ValueError, match=r"through model.init\(key, inputs\) or model.apply"):
+        layer(inputs)
+    params = layer.init(jax.random.key(0), inputs)
+    acts: Any = layer.apply(params, inputs)
+    transposed = {name: act.T for name, act in acts.items()}
+    with pytest.raises(ValueError, match=r"Gradient of feature '\w+' has shape \(\d+, 32\); "
+                                         r"expected its activations' shape \(32, \d+\)"):
+        layer.apply(params, transposed, inputs, method=embed.SparseCoreEmbed.apply_gradient)

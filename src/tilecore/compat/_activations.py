@@ -87,8 +87,18 @@ def stack(activation_gradients: Any, feature_specs: Any, num_sc_per_device: int,
         parts = []
         for feature, grad in members:
             grad = jnp.asarray(grad, jnp.float32)
-            grad = grad.reshape(grad.shape[0], -1)
             batch = int(feature.output_shape[0])
+            padded = stack_of(feature).stack_embedding_dim
+            local = batch // max(global_device_count or 1, 1)
+            if (grad.ndim == 0 or grad.shape[0] not in (batch, local)
+                    or grad.size // grad.shape[0] > padded):
+                per_device = f" (or {local} rows per device)" if local != batch else ""
+                raise ValueError(
+                    f"Gradient of feature {feature.name!r} has shape {tuple(grad.shape)}; "
+                    f"expected its activations' shape ({batch}, "
+                    f"{int(feature.output_shape[-1])}){per_device}."
+                )
+            grad = grad.reshape(grad.shape[0], -1)
             blocks = num_sc_per_device
             if global_device_count and global_device_count > 1 and grad.shape[0] == batch:
                 blocks *= global_device_count
@@ -97,7 +107,6 @@ def stack(activation_gradients: Any, feature_specs: Any, num_sc_per_device: int,
                     f"Gradient of feature {feature.name!r} has {grad.shape[0]} rows, which do not "
                     f"split over {blocks} SparseCore blocks."
                 )
-            padded = stack_of(feature).stack_embedding_dim
             grad = jnp.pad(grad, ((0, 0), (0, padded - grad.shape[1])))
             parts.append(grad.reshape(blocks, -1, padded))
         joined = jnp.concatenate(parts, axis=1)

@@ -202,6 +202,12 @@ class SparseCoreEmbed(nn.Module):
         """
         call = self._device_call()
         table = self.embedding_table
+        if table is None:
+            raise ValueError(
+                "SparseCoreEmbed reads the embedding variables: call it through "
+                "model.init(key, inputs) or model.apply(params, inputs) (or inside a module "
+                "that is)."
+            )
         acts = call.lookup_updating(embedding_lookup_inputs, _sparse.as_float32(table), None)
         return _sparse.in_table_dtypes(self.feature_specs, acts, table)
 
