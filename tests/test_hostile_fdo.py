@@ -308,3 +308,15 @@ def test_compat_publish_is_atomic(tmp_path: Path, client_type: type[_fdo.FileFDO
     with pytest.raises(OSError, match="disk full"):
         client.publish()
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no partial or temp file
+
+
+def test_a_file_given_as_the_statistics_directory_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "stats.npz"
+    path.write_bytes(b"x")
+    client = file_fdo_client.NPZFileFDOClient(path)
+    client.record({"max_ids_per_partition": {"t": np.array([1, 2])},
+                   "max_unique_ids_per_partition": {"t": np.array([1, 2])}})
+    for call in (client.publish, client.load):
+        with pytest.raises(NotADirectoryError, match=f"FDO base_dir {re.escape(str(path))} is a "
+                                                     "file, not a directory"):
+            call()

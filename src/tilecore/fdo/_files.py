@@ -248,6 +248,7 @@ def publish_file(base_dir: Path, process_index: int, extension: str, last_time_n
     `time_ns` is the clock, or `last_time_ns + 1` when the clock has not moved on,
     so each publish is a newer file. Returns the path and its `time_ns`.
     """
+    _check_not_a_file(base_dir)
     base_dir.mkdir(parents=True, exist_ok=True)
     stamp = max(time.time_ns(), last_time_ns + 1)
     path = base_dir / f"{_PREFIX}_{process_index}_{stamp}.{extension}"
@@ -255,10 +256,18 @@ def publish_file(base_dir: Path, process_index: int, extension: str, last_time_n
     return path, stamp
 
 
+def _check_not_a_file(base_dir: Path) -> None:
+    """FDO statistics live in a directory: a file at `base_dir` is a mistaken path."""
+    if base_dir.exists() and not base_dir.is_dir():
+        raise NotADirectoryError(f"FDO base_dir {base_dir} is a file, not a directory; give "
+                                 "the directory the statistics files are written to.")
+
+
 def latest_files(base_dir: Path, extension: str) -> list[Path]:
     """The newest `fdo_stats_<process>_<time_ns>.<extension>` of each process, by process."""
     pattern = re.compile(rf"{_PREFIX}_(\d+)_(\d+)\.{re.escape(extension)}")
     latest: dict[int, tuple[int, Path]] = {}
+    _check_not_a_file(base_dir)
     if base_dir.is_dir():
         for entry in base_dir.iterdir():
             match = pattern.fullmatch(entry.name)
