@@ -457,6 +457,15 @@ def test_save_checkpoint_refuses_a_step_orbax_would_skip(tmp_path: Path) -> None
     with pytest.raises(ValueError, match=r"step must be an integer >= 0, got step=1\.5"):
         save_at(1.5)
     manager.close()
+    path = str(tmp_path / "run")
+    with pytest.raises(TypeError, match=r"save_checkpoint: cp_manager must be an orbax "
+                                        r"CheckpointManager .*got str"):
+        cu.save_checkpoint(cp_manager=path, step=9, model=model,  # type: ignore[arg-type]
+                           optimizer=optimizer, feature_specs=specs, num_global_devices=1,
+                           num_sc_per_device=2)
+    with pytest.raises(TypeError, match="a path goes in input_checkpoint_path"):
+        cu.restore_checkpoint(cp_manager=path, model=model,  # type: ignore[arg-type]
+                              optimizer=optimizer)
 
 
 def test_restore_steps_of_the_wrong_type_are_not_called_missing_or_damaged(

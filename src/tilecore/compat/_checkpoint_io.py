@@ -136,6 +136,15 @@ def host_targets(metadata_tree: Any) -> Any:
                         metadata_tree, is_leaf=lambda x: hasattr(x, "shape"))
 
 
+def check_manager(cp_manager: Any, where: str) -> None:
+    """`cp_manager` is an Orbax CheckpointManager (or None where a path may stand for it)."""
+    if cp_manager is not None and not isinstance(cp_manager, ocp.CheckpointManager):
+        raise TypeError(f"{where}: cp_manager must be an orbax CheckpointManager (see "
+                        f"create_checkpoint_manager), got {type(cp_manager).__name__}"
+                        + (f" {cp_manager!r}; a path goes in input_checkpoint_path."
+                           if isinstance(cp_manager, str | os.PathLike) else "."))
+
+
 @contextlib.contextmanager
 def open_checkpoint(cp_manager: ocp.CheckpointManager | None, path: PathLike | None,
                     step: int | None, keys: tuple[str, str, str], proto_class: type
@@ -143,6 +152,7 @@ def open_checkpoint(cp_manager: ocp.CheckpointManager | None, path: PathLike | N
     """(manager, step, item metadata, spec proto) of a step to read; a manager opened here
     for `path` (when `cp_manager` is None) is closed on exit."""
     own = cp_manager is None
+    check_manager(cp_manager, "restore")
     if cp_manager is None:
         if path is None:
             raise ValueError("Pass a checkpoint path or a CheckpointManager to read from.")

@@ -37,6 +37,7 @@ from .....specs._numbers import is_integer
 from ...._checkpoint_convert import convert_items, save_converted
 from ...._checkpoint_io import (
     PathLike,
+    check_manager,
     check_shapes,
     create_manager,
     open_checkpoint,
@@ -125,6 +126,7 @@ def save_checkpoint(
     The proto records the stacking of `feature_specs` for `num_global_devices` ×
     `num_sc_per_device` SparseCores, which later restores use to re-lay the tables.
     """
+    check_manager(cp_manager, "save_checkpoint")
     proto = create_proto_from_feature_specs(feature_specs, global_device_count=num_global_devices,
                                             num_sparsecore_per_device=num_sc_per_device)
     try:
