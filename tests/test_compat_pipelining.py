@@ -187,3 +187,25 @@ def test_fake_tc_step_must_be_a_bool() -> None:
     with pytest.raises(TypeError, match="fake_tc_step must be True or False, got 'no'"):
         _pipelining.step(None, None, None, None, None, None, None,  # type: ignore[arg-type]
                          fake_tc_step="no")  # type: ignore[arg-type]
+
+
+def test_stage_functions_returning_the_wrong_things_are_named() -> None:
+    sc_fwd, tc, sc_bwd = toy_stages()
+    given = ep_utils.CurrentStepInput(sparse_inputs=jnp.float32(1), dense_inputs=jnp.float32(-1))
+    state, variables = jnp.int32(0), jnp.float32(0)
+    pipeline_state = ep_utils.get_initial_state(given, state, variables, sc_fwd, tc)
+    wrong = (
+        ({"sc_fwd_function": lambda *a: sc_fwd(*a)[0]},
+         r"sc_fwd_function must return \(embedding_activations, sc_fwd_aux\), got"),
+        ({"tc_function": lambda *a: tuple(tc(*a))[:3]},
+         r"tc_function must return \(embedding_gradients, output, tc_train_state, tc_aux\), "
+         r"got a tuple of 3"),
+        ({"sc_bwd_function": lambda *a: (sc_bwd(*a), 1, 2)},
+         r"sc_bwd_function must return \(embedding_variables, sc_bwd_aux\), got a tuple of 3"),
+    )
+    for change, message in wrong:
+        functions = {"sc_fwd_function": sc_fwd, "tc_function": tc, "sc_bwd_function": sc_bwd,
+                     **change}
+        with pytest.raises(TypeError, match=message):
+            ep_utils.step(given, state, variables, pipeline_state, **functions,
+                          fake_tc_step=False)

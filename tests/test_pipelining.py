@@ -376,6 +376,18 @@ def test_misuse_is_explained() -> None:
         dense_state=tuple(stages.tc(*args).dense_state)))
     with pytest.raises(ValueError, match=r"another structure.*DenseState"):
         pl.TrainStep(stages=retyped, pipelined=False)(plain, first)
+    # Stage functions that return the wrong things are named, with what they returned.
+    wrong = (
+        (dataclasses.replace(stages, sc_forward=lambda b, v: stages.sc_forward(b, v)[0]),
+         r"Stages.sc_forward must return \(activations, sc_forward_aux\), got dict"),
+        (dataclasses.replace(stages, tc=lambda *args: tuple(stages.tc(*args))[:3]),
+         r"Stages.tc must return TcResult\(.*\), got a tuple of 3"),
+        (dataclasses.replace(stages, sc_backward=lambda *args: stages.sc_backward(*args)[0]),
+         r"Stages.sc_backward must return \(variables, sc_backward_aux\), got dict"),
+    )
+    for bad, message in wrong:
+        with pytest.raises(TypeError, match=message):
+            pl.plain_step(bad, plain, first)
     with pytest.raises(TypeError, match=r"empty_batch: expected a PreprocessedBatch.*str"):
         pl.empty_batch("x")  # type: ignore[arg-type]
     inputs = {name: np.zeros((plan.features[name].batch_size, 1), np.int32)

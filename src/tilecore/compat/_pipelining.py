@@ -16,6 +16,7 @@ import numpy as np
 from jax.sharding import Mesh, Sharding
 
 from .. import pipelining as tcp
+from ..pipelining._types import stage_result
 from ._device_api import tpu_sparse_dense_matmul, tpu_sparse_dense_matmul_grad
 from ._pipelining_types import (
     CurrentStepInput,
@@ -94,16 +95,25 @@ def get_initial_state(
 def _stages(sc_fwd: ScFwdStageFun, tc: TcStageFun, sc_bwd: ScBwdStageFun) -> tcp.Stages:
     """The reference's stage functions under tilecore's stage signatures."""
 
+    def sc_forward(sparse: Any, variables: Any) -> tuple[Any, Any]:
+        acts, aux = stage_result(sc_fwd(sparse, variables), "sc_fwd_function",
+                                 ("embedding_activations", "sc_fwd_aux"))
+        return acts, aux
+
     def tc_stage(train_state: Any, acts: Any, dense: Any, fwd_aux: Any) -> tcp.TcResult:
-        grads, output, train_state, tc_aux = tc(acts, dense, train_state, fwd_aux)
+        grads, output, train_state, tc_aux = stage_result(
+            tc(acts, dense, train_state, fwd_aux), "tc_function",
+            ("embedding_gradients", "output", "tc_train_state", "tc_aux"))
         return tcp.TcResult(output, grads, train_state, tc_aux)
 
     def sc_backward(sparse: Any, variables: Any, grads: Any, step: jax.Array,
                     tc_aux: Any) -> tuple[Any, Any]:
         del step  # the reference's SC backward stage gets none (pass it in tc_aux)
-        return sc_bwd(sparse, grads, variables, tc_aux)
+        variables, aux = stage_result(sc_bwd(sparse, grads, variables, tc_aux),
+                                      "sc_bwd_function", ("embedding_variables", "sc_bwd_aux"))
+        return variables, aux
 
-    return tcp.Stages(sc_forward=sc_fwd, tc=tc_stage, sc_backward=sc_backward)
+    return tcp.Stages(sc_forward=sc_forward, tc=tc_stage, sc_backward=sc_backward)
 
 
 def step(

@@ -35,7 +35,7 @@ from ._types import Stages, StepInput, StepOutput, TcResult, Variables
 
 def _tc_shapes(stages: Stages, dense_state: Any, activations: Any, dense: Any,
                sc_forward_aux: Any) -> TcResult:
-    return jax.eval_shape(stages.tc, dense_state, activations, dense, sc_forward_aux)
+    return jax.eval_shape(stages.dense, dense_state, activations, dense, sc_forward_aux)
 
 
 def initial_state(stages: Stages, variables: Variables, dense_state: Any, example: StepInput,
@@ -49,7 +49,7 @@ def initial_state(stages: Stages, variables: Variables, dense_state: Any, exampl
     step = jnp.zeros((), jnp.int32)
     if not pipelined:
         return TrainState(step, dict(variables), dense_state)
-    activations, fwd_aux = jax.eval_shape(stages.sc_forward, example.batch, variables)
+    activations, fwd_aux = jax.eval_shape(stages.forward, example.batch, variables)
     tc = _tc_shapes(stages, dense_state, activations, example.dense, fwd_aux)
     placeholder = placeholder_input(example)
     pipeline = PipelineState(
@@ -76,17 +76,17 @@ def pipelined_step(stages: Stages, state: TrainState, inputs: StepInput, *,
     # The SC backward of call i updates with step i−2's data: the step index a plain
     # loop would pass for the same update (clamped: the first two calls touch no row).
     data_step = jnp.maximum(state.step - 2, 0)
-    variables, bwd_aux = stages.sc_backward(before_last.batch, state.variables,
-                                            before_last.activation_grads, data_step,
-                                            before_last.tc_aux)
-    activations, fwd_aux = stages.sc_forward(inputs.batch, variables)
+    variables, bwd_aux = stages.backward(before_last.batch, state.variables,
+                                         before_last.activation_grads, data_step,
+                                         before_last.tc_aux)
+    activations, fwd_aux = stages.forward(inputs.batch, variables)
     if fake_tc_step:
         shapes = _tc_shapes(stages, state.dense, last.activations, last.dense,
                             last.sc_forward_aux)
         tc = TcResult(zeros_of(shapes.outputs), zeros_of(shapes.activation_grads), state.dense,
                       zeros_of(shapes.aux))
     else:
-        tc = stages.tc(state.dense, last.activations, last.dense, last.sc_forward_aux)
+        tc = stages.dense(state.dense, last.activations, last.dense, last.sc_forward_aux)
     pipeline = PipelineState(
         last=LastStepInput(inputs.batch, activations, inputs.dense, fwd_aux),
         before_last=StepBeforeLastStepInput(last.batch, tc.activation_grads, tc.aux),
@@ -106,9 +106,9 @@ def plain_step(stages: Stages, state: TrainState, inputs: StepInput, *,
     if fake_tc_step:
         raise ValueError("plain_step has no fill or drain calls; pass fake_tc_step=False "
                          "(or use pipelined_step).")
-    activations, fwd_aux = stages.sc_forward(inputs.batch, state.variables)
-    tc = stages.tc(state.dense, activations, inputs.dense, fwd_aux)
-    variables, bwd_aux = stages.sc_backward(inputs.batch, state.variables, tc.activation_grads,
-                                            state.step, tc.aux)
+    activations, fwd_aux = stages.forward(inputs.batch, state.variables)
+    tc = stages.dense(state.dense, activations, inputs.dense, fwd_aux)
+    variables, bwd_aux = stages.backward(inputs.batch, state.variables, tc.activation_grads,
+                                         state.step, tc.aux)
     new = TrainState(state.step + 1, variables, tc.dense_state, state.pipeline)
     return new, StepOutput(tc.outputs, bwd_aux)

@@ -101,3 +101,40 @@ class Stages:
     sc_forward: ScForward
     tc: TcStage
     sc_backward: ScBackward
+
+    def forward(self, batch: PreprocessedBatch, variables: Variables) -> tuple[Any, Any]:
+        """`sc_forward`, its result checked: `(activations, sc_forward_aux)`."""
+        activations, aux = stage_result(self.sc_forward(batch, variables), "Stages.sc_forward",
+                                        ("activations", "sc_forward_aux"))
+        return activations, aux
+
+    def dense(self, dense_state: Any, activations: Any, dense_inputs: Any,
+              sc_forward_aux: Any) -> TcResult:
+        """`tc`, its result checked: a `TcResult`."""
+        result = self.tc(dense_state, activations, dense_inputs, sc_forward_aux)
+        if not isinstance(result, TcResult):
+            raise TypeError("Stages.tc must return TcResult(outputs, activation_grads, "
+                            f"dense_state, aux), got {_described(result)}.")
+        return result
+
+    def backward(self, batch: PreprocessedBatch, variables: Variables, activation_grads: Any,
+                 step: jax.Array, tc_aux: Any) -> tuple[Variables, Any]:
+        """`sc_backward`, its result checked: `(variables, sc_backward_aux)`."""
+        variables, aux = stage_result(
+            self.sc_backward(batch, variables, activation_grads, step, tc_aux),
+            "Stages.sc_backward", ("variables", "sc_backward_aux"))
+        return variables, aux
+
+
+def _described(value: Any) -> str:
+    return (f"a {type(value).__name__} of {len(value)}" if isinstance(value, tuple | list)
+            else type(value).__name__)
+
+
+def stage_result(result: Any, stage: str, names: tuple[str, ...]) -> tuple[Any, ...]:
+    """A stage function's result as the tuple `names` it must return: a TypeError naming
+    the stage and what it returned otherwise (an unpacking error inside the step before)."""
+    if not isinstance(result, tuple | list) or len(result) != len(names):
+        raise TypeError(f"{stage} must return ({', '.join(names)}), got "
+                        f"{_described(result)}.")
+    return tuple(result)
