@@ -277,6 +277,16 @@ def test_a_minibatch_count_out_of_range_or_no_batch_is_refused() -> None:
     with pytest.raises(TypeError, match=r"lookup: the batch must be the PreprocessedBatch that "
                                         r"tilecore.preprocess returns, got NoneType"):
         ops.lookup(plan, None, variables)  # type: ignore[arg-type]
+    # Hand-made batches whose parts are not what preprocessing writes.
+    junk_stacks = {name: "x" for name in batch.stacks}
+    for change, message in (({"made_for": "x"}, r"made_for must be None .* got 'x'"),
+                            ({"made_for": [1, 2]}, r"made_for must be None .* got \[1, 2\]"),
+                            ({"stacks": ["items"]}, "stacks must map stack names to StackBuffers, "
+                                                    "got list"),
+                            ({"stacks": junk_stacks}, r"stacks must hold StackBuffers, got "
+                                                      r"\{'items': 'str'\}")):
+        with pytest.raises(TypeError, match=f"lookup: the batch's {message}"):
+            ops.lookup(plan, dataclasses.replace(batch, **change), variables)
 
 
 @pytest.mark.parametrize(("buffer", "dtype"), [("row_pointers", np.uint32),

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from ..preprocessing import PreprocessedBatch, signature_differences
+from ..preprocessing import PreprocessedBatch, StackBuffers, signature_differences
 from ..preprocessing._limits import MINIBATCHING_FACTOR
 from ..specs import OptimizerSpec
 from ..stacking import StackingPlan
@@ -64,14 +64,27 @@ def check_call(plan: StackingPlan, batch: PreprocessedBatch, mesh: Mesh | None, 
         raise TypeError(f"{what}: the batch must be the PreprocessedBatch that "
                         f"tilecore.preprocess returns, got {type(batch).__name__}.")
     _check_minibatch_count(plan, batch.num_minibatches, what)
+    if not isinstance(batch.stacks, Mapping):
+        raise TypeError(f"{what}: the batch's stacks must map stack names to StackBuffers, got "
+                        f"{type(batch.stacks).__name__}. {_REMEDY}")
     missing = sorted(set(plan.stacks) - set(batch.stacks))
     extra = sorted(set(batch.stacks) - set(plan.stacks))
     if missing or extra:
         raise ValueError(
             f"{what}: the batch holds stacks {sorted(batch.stacks)} but the plan has "
             f"{sorted(plan.stacks)} (missing {missing}, unknown {extra}). {_REMEDY}")
+    junk = {name: type(b).__name__ for name, b in batch.stacks.items()
+            if not isinstance(b, StackBuffers)}
+    if junk:
+        raise TypeError(f"{what}: the batch's stacks must hold StackBuffers, got {junk}. "
+                        f"{_REMEDY}")
     made_for = getattr(batch, "made_for", None)
     if made_for is not None:
+        if not (isinstance(made_for, tuple) and all(
+                isinstance(item, tuple) and len(item) == 2 for item in made_for)):
+            raise TypeError(f"{what}: the batch's made_for must be None (a batch built by "
+                            "hand) or the signature preprocessing wrote, got "
+                            f"{made_for!r:.80}. {_REMEDY}")
         differences = signature_differences(made_for, plan)
         if differences:
             raise ValueError(
