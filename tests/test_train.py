@@ -394,19 +394,49 @@ def test_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--overwrite: not allowed with argument --resume" in capsys.readouterr().err
 
 
-def test_two_devices_in_a_subprocess(tmp_path: Path) -> None:
+def test_two_devices_in_a_subprocess_stop_on_ctrl_c_with_a_checkpoint(tmp_path: Path) -> None:
+    """`--devices 2` runs again in a child process; Ctrl-C (SIGINT to the parent, as a
+    terminal sends it) reaches the child once, which finishes the steps in flight,
+    evaluates, saves a checkpoint there and says how to go on."""
     env = dict(os.environ, XLA_FLAGS=xla_flags())  # one device: `--devices 2` must re-run
     code = "import sys; from tilecore_apps.cli import main; sys.exit(main(sys.argv[1:]))"
-    argv = ["train", "--devices", "2", "--steps", "2", "--eval-every", "2", *TINY,
-            "--out", str(tmp_path)]
-    proc = subprocess.run([sys.executable, "-c", code, *argv], env=env, capture_output=True,
-                          text=True, timeout=300, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    argv = ["train", "--devices", "2", "--steps", "100000", "--eval-every", "1000", *TINY,
+            "--checkpoint-every", "3", "--out", str(tmp_path)]
+    proc = subprocess.Popen([sys.executable, "-c", code, *argv], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 240
+    while not checkpoint.available_steps(tmp_path / "checkpoint") and proc.poll() is None:
+        assert time.monotonic() < deadline, "no checkpoint within 240 s"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
     result = json.loads((tmp_path / "summary.json").read_text())
     assert result["devices"] == 2 and result["topology"] == "2x2"
-    assert "running again" not in proc.stdout  # the flag was set before JAX started
+    assert "running again" not in out  # the flag was set before JAX started
     assert np.isfinite(result["loss"]) and result["dropped_ids"] == 0
     assert result["minibatching"] is True and result["num_minibatches"] >= 1
+    stopped = result["steps"]
+    assert result["stopped_by"] == "SIGINT" and result["requested_steps"] == 100000
+    assert 3 <= stopped < 100000 and result["evals"][-1]["step"] == stopped
+    assert max(checkpoint.available_steps(tmp_path / "checkpoint")) == stopped
+    assert (f"tilecore train: stopped by SIGINT after step {stopped}, {100000 - stopped} steps "
+            f"short; its checkpoint is step {stopped}. Go on with: tilecore train --resume "
+            f"--out {tmp_path} --steps {100000 - stopped}") in err
+    assert "Traceback" not in err
+
+
+def test_stop_signals_record_the_first_signal_and_a_second_ctrl_c_interrupts() -> None:
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers can only be set in the main thread")
+    before = signal.getsignal(signal.SIGTERM)
+    with training.StopSignals() as stop:
+        assert not stop.requested()
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.requested() and stop.signal is signal.SIGTERM
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 def test_without_minibatching_ids_over_the_limits_are_dropped(
@@ -588,11 +618,16 @@ def test_too_few_devices_run_the_command_again_in_a_child(
     assert jax.device_count() < 8
     calls = []
 
-    def child(args: list[str], env: dict[str, str], check: bool) -> subprocess.CompletedProcess:
-        calls.append((args, env))
-        return subprocess.CompletedProcess(args, 3)
+    class Child:
+        def __init__(self, args: list[str], env: dict[str, str], start_new_session: bool
+                     ) -> None:
+            assert start_new_session  # signals reach it through the parent, once
+            calls.append((args, env))
 
-    monkeypatch.setattr(_devices.subprocess, "run", child)
+        def wait(self) -> int:
+            return 3
+
+    monkeypatch.setattr(_devices.subprocess, "Popen", Child)
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_foo=1 --xla_force_host_platform_device_count=1")
     monkeypatch.delenv(_devices.RERUN_ENV, raising=False)
     assert _train._ensure_devices(8, ["train", "--devices", "8"]) == 3

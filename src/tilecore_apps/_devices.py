@@ -7,11 +7,14 @@ few devices runs the same command again in a child process with the flag set.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 
 import jax
 from jax.sharding import Mesh
@@ -41,7 +44,29 @@ def rerun_with_cpu_devices(count: int, argv: Sequence[str]) -> int:
     env[RERUN_ENV] = "1"
     print(f"this process has {have} CPU device(s); running again with "
           f"XLA_FLAGS={env['XLA_FLAGS']!r}", flush=True)
-    return subprocess.run([sys.executable, "-c", _CHILD, *argv], env=env, check=False).returncode
+    # The child has a session of its own, so that a terminal's Ctrl-C reaches it once,
+    # forwarded from here, as do SIGTERM and SIGHUP sent to this process.
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, *argv], env=env,
+                             start_new_session=True)
+    with _forwarding_signals(child):
+        return child.wait()
+
+
+@contextlib.contextmanager
+def _forwarding_signals(child: subprocess.Popen[bytes]) -> Iterator[None]:
+    """While the block runs, SIGINT, SIGTERM and SIGHUP sent to this process go to `child`
+    instead (only the main thread may set handlers; elsewhere nothing changes)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {s: signal.signal(s, lambda signum, _: child.send_signal(signum))
+                for s in forwarded}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def make_mesh(count: int, axis: str) -> Mesh | None:

@@ -41,6 +41,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # refuses (permissions, a full disk; its error names the path): a message, not a traceback
         print(f"tilecore {args.command}: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C outside a training loop (which stops cleanly itself)
+        print(f"tilecore {args.command}: interrupted", file=sys.stderr)
+        return 130
     finally:
         warnings.formatwarning = previous
 

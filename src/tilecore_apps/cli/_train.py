@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tilecore as tc
 from tilecore import data
@@ -31,6 +32,9 @@ from .._options import (
 )
 from . import _runs
 from ._data import add_read_options, check_read_options, open_data
+
+if TYPE_CHECKING:
+    from tilecore_apps.dlrm import TrainSummary
 
 OPTIMIZERS = {"sgd": tc.SGD, "adagrad": tc.Adagrad, "adagrad_momentum": tc.AdagradMomentum,
               "adam": tc.Adam, "ftrl": tc.FTRL, "laprop": tc.LaProp}
@@ -254,7 +258,25 @@ def run(args: argparse.Namespace) -> int:
         print(f"profile trace in {args.profile} (open with TensorBoard or ui.perfetto.dev)")
     for path in (out / "summary.json", *([args.json] if args.json is not None else [])):
         write_json(path, summary.to_json())
+    if summary.stopped_by is not None:
+        return _stopped(summary, out)
     return 0
+
+
+def _stopped(summary: TrainSummary, out: Path) -> int:
+    """Say where a run stopped by a signal stands and how to go on; its exit status
+    (128 + the signal's number, as the shell reports a process the signal ended)."""
+    from tilecore import checkpoint
+
+    left = (summary.requested_steps or summary.steps) - summary.steps
+    saved = (f"its checkpoint is step {summary.steps}"
+             if summary.steps in checkpoint.available_steps(out / "checkpoint")
+             else "it stopped before its first step; nothing was saved")
+    print(f"tilecore train: stopped by {summary.stopped_by} after step {summary.steps}, "
+          f"{left} steps short; {saved}. Go on with: tilecore train --resume --out "
+          f"{_shown(out)} --steps {left}", file=sys.stderr)
+    number = getattr(signal.Signals, summary.stopped_by or "", None)
+    return 128 + int(number) if number is not None else 1
 
 
 def _shown(path: Path) -> Path:

@@ -4,7 +4,8 @@
 minibatches (`minibatching_plan`), prefetches preprocessed batches in background
 threads, runs jitted steps (lookup → dense model → lookup_grad, pipelined across
 steps by `tilecore.pipelining`), evaluates held-out loss and AUC, and saves
-Orbax checkpoints it can resume from; `tilecore train` is a thin driver over it.
+Orbax checkpoints it can resume from (also when SIGINT or SIGTERM stops it early:
+`StopSignals`); `tilecore train` is a thin driver over it.
 """
 
 from ._buffers import MAX_MINIBATCHES as MAX_MINIBATCHES
@@ -34,6 +35,7 @@ from ._step import DeviceBatch as DeviceBatch
 from ._step import StepMetrics as StepMetrics
 from ._step import click_stages as click_stages
 from ._step import make_eval_step as make_eval_step
+from ._stop import StopSignals as StopSignals
 from ._summary import EvalPoint as EvalPoint
 from ._summary import TrainSummary as TrainSummary
 from ._workers import HostBatch as HostBatch
@@ -53,6 +55,7 @@ __all__ = [
     "ProcessBatches",
     "Resumed",
     "StepMetrics",
+    "StopSignals",
     "TrainConfig",
     "TrainResult",
     "TrainSummary",

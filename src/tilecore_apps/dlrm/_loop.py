@@ -32,6 +32,7 @@ from ._profile import annotate, maybe_trace
 from ._progress import Progress
 from ._run import Hooks, LoopStats, evaluate_all, run_steps
 from ._step import click_stages, make_eval_step
+from ._stop import StopSignals
 from ._summary import LoadTracker, TrainSummary
 from ._tables import init_variables, uniform_init
 
@@ -131,11 +132,13 @@ def train(source: ClickSource, config: TrainConfig, *, progress: TextIO | None =
         state = _place(step.init(start.variables, start.dense, example), mesh)
         evaluate = make_eval_step(plan, mesh=mesh)
         directory = config.checkpoint_dir
+        stop = cleanup.enter_context(StopSignals())
         hooks = Hooks(
             feed=feed,
             evaluate=lambda s: evaluate_all(evaluate, s, eval_set),
             restart=lambda s: _place(step.init(s.variables, s.dense, example), mesh),
             save=None if directory is None else functools.partial(save_checkpoint, directory, plan),
+            stop_requested=stop.requested,
         )
         setup_s = time.perf_counter() - t_start
         bar = Progress(config.steps, source.batch_size, stream=progress)
@@ -146,19 +149,23 @@ def train(source: ClickSource, config: TrainConfig, *, progress: TextIO | None =
                 eval_every=config.eval_every, checkpoint_every=config.checkpoint_every,
                 bar=bar, load=load)
     summary = _summary(source, config, plan, report, stats, load, start.step,
-                       setup_seconds=setup_s, seconds=time.perf_counter() - t_start)
+                       setup_seconds=setup_s, seconds=time.perf_counter() - t_start,
+                       stopped_by=None if stop.signal is None else stop.signal.name)
     return TrainResult(summary=summary, state=state, plan=plan)
 
 
 def _summary(source: ClickSource, config: TrainConfig, plan: StackingPlan, report: TuneReport,
              stats: LoopStats, load: LoadTracker, start_step: int, *, setup_seconds: float,
-             seconds: float) -> TrainSummary:
+             seconds: float, stopped_by: str | None = None) -> TrainSummary:
     """What a run did, from its steps' statistics (`run_steps`), the partition load and the
     FDO report; throughput from the timed steps (the first, which compiles, left out)."""
-    run_steps_count = config.steps - start_step
+    steps = config.steps if stats.stopped_at is None else stats.stopped_at
+    run_steps_count = steps - start_step
     timed = stats.timed_seconds
     return TrainSummary(
-        steps=config.steps, batch_size=source.batch_size,
+        steps=steps, batch_size=source.batch_size,
+        stopped_by=None if stats.stopped_at is None else stopped_by or "end of data",
+        requested_steps=None if stats.stopped_at is None else config.steps,
         examples_per_s=((run_steps_count - 1) * source.batch_size / timed
                         if run_steps_count > 1 and timed > 0 else float("nan")),
         loss=stats.evals[-1].loss, auc=stats.evals[-1].auc, dropped_ids=load.dropped_ids,

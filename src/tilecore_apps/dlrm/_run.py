@@ -46,12 +46,15 @@ class Hooks:
       restart: a drained state → the state that starts the next segment.
       save: (state, step=global step) → the checkpoint's path; called at every
         checkpoint step (None: no checkpoints).
+      stop_requested: whether to stop early (`StopSignals.requested`): the loop takes
+        no more batches, finishes the steps in flight, evaluates and saves there.
     """
 
     feed: Feed
     evaluate: Callable[[TrainState], tuple[float, float]]
     restart: Callable[[TrainState], TrainState]
     save: Callable[..., Path] | None
+    stop_requested: Callable[[], bool] = lambda: False
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -68,6 +71,7 @@ class LoopStats:
     preprocess_seconds: float = 0.0
     minibatches: list[int] = dataclasses.field(default_factory=list)  # per step
     checkpoint: str | None = None
+    stopped_at: int | None = None  # the global step reached when a stop was requested
 
 
 def segment_ends(start: int, steps: int, every: int | None) -> list[int]:
@@ -104,7 +108,7 @@ def run_steps(step: TrainStep, state: TrainState, hooks: Hooks, *, plan: Stackin
             pending = None
 
     def inputs(batches: Prefetcher[Prepared]) -> Iterator[StepInput]:
-        while True:
+        while not hooks.stop_requested():
             t_wait = time.perf_counter()
             item = next(batches, None)
             if item is None:
@@ -121,7 +125,7 @@ def run_steps(step: TrainStep, state: TrainState, hooks: Hooks, *, plan: Stackin
     with Prefetcher(lambda i: feed.batch(start + i), steps - start, depth=feed.depth,
                     workers=feed.threads) as batches:
         step_inputs = inputs(batches)
-        begin = start
+        begin = done = start
         for end in segment_ends(start, steps, checkpoint_every):
             if begin != start:
                 state = hooks.restart(state)
@@ -141,8 +145,16 @@ def run_steps(step: TrainStep, state: TrainState, hooks: Hooks, *, plan: Stackin
                     flush()
                     _evaluate(hooks, run.state, done, stats, bar)
                 bar.update(done, stats.train_losses[-1] if stats.train_losses else None)
-            state, begin = run.state, end
+            state = run.state
             flush()
+            if done < end:  # a stop was requested: the steps in flight have finished
+                stats.stopped_at = done
+                if not stats.evals or stats.evals[-1].step != done:
+                    _evaluate(hooks, state, done, stats, bar)
+                if hooks.save is not None and done > begin:
+                    _save(hooks.save, state, done, stats, bar)
+                break
+            begin = end
             if hooks.save is not None:
                 _save(hooks.save, state, end, stats, bar)
     bar.close()

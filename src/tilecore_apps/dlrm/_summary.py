@@ -75,6 +75,10 @@ class TrainSummary:
     `bad_rows`: rows of streamed data files skipped as unreadable
     (`ReadOptions.skip_bad_rows`), each counted once, whether batches were read
     in threads or in worker processes.
+
+    `stopped_by`: the signal ("SIGINT", "SIGTERM") that stopped the run at `steps`,
+    before the steps it was asked for (`requested_steps`); None for a run that
+    finished.
     """
 
     steps: int
@@ -112,6 +116,8 @@ class TrainSummary:
     step_seconds: float = float("nan")
     input: str = "threads"  # where batches came from: "threads", "N processes", "N staged"
     bad_rows: int = 0
+    stopped_by: str | None = None
+    requested_steps: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict; the headline keys come first."""
@@ -130,7 +136,9 @@ class TrainSummary:
             f"trained {ran} x {self.batch_size} examples on {self.topology} "
             f"(devices x SparseCores), tables: {self.optimizer}, pipelining: "
             f"{'on' if self.pipelining else 'off'}"
-            + (f" ({self.pipelining_note})" if self.pipelining_note else ""),
+            + (f" ({self.pipelining_note})" if self.pipelining_note else "")
+            + (f"; stopped by {self.stopped_by} before step {self.requested_steps}"
+               if self.stopped_by is not None else ""),
             f"  throughput    {self.examples_per_s:,.0f} examples/s (after compiling "
             f"{self.compile_seconds:.1f} s; eval {self.eval_seconds:.1f} s; total "
             f"{self.seconds:.1f} s)",
