@@ -78,10 +78,10 @@ def test_bucket_kernel_matches_byte_hash() -> None:
 
 
 def test_bucketize_reads_what_the_hash_gives() -> None:
-    """Each merged entry gets its row's hashed bucket and the per-(partition, bucket)
-    counts add up, whether the memo knows the row (the second call), not yet (the
-    first) or never (columns past the memo, hashed every time); misses are
-    remembered, columns past the memo are not."""
+    """Each distinct row of sorted entries gets its hashed bucket and the per-(partition,
+    bucket) counts add up (repeated entries count once, as merged), whether the memo
+    knows the row (the second call), not yet (the first) or never (columns past the
+    memo, hashed every time); misses are remembered, columns past the memo are not."""
     from tilecore.preprocessing import _minibatch_kernels as mk
     from tilecore.preprocessing._bucket_memo import UNKNOWN
     from tilecore.preprocessing._highway import NUM_BUCKETS, bucket_state, buckets
@@ -91,8 +91,9 @@ def test_bucketize_reads_what_the_hash_gives() -> None:
     rowbits, log2n = 12, 2  # 4 partitions; columns row·4 + partition, up to 16383
     part, row = rng.integers(0, 4, 3000), rng.integers(0, 1500, 3000)
     sample = rng.integers(0, 64, 3000)
-    entries = np.unique((((part << rowbits) | row) << SAMPLE_BITS) | sample).astype(np.uint64)
-    key = entries >> np.uint64(SAMPLE_BITS)
+    merged = np.unique((((part << rowbits) | row) << SAMPLE_BITS) | sample).astype(np.uint64)
+    entries = np.sort(np.concatenate([merged, merged[rng.random(len(merged)) < 0.3]]))
+    key = merged >> np.uint64(SAMPLE_BITS)
     partition = (key >> np.uint64(rowbits)).astype(np.int64)
     cols = ((key & np.uint64((1 << rowbits) - 1)).astype(np.int64) << log2n) | partition
     expected = buckets(cols, bucket_state())
@@ -107,9 +108,11 @@ def test_bucketize_reads_what_the_hash_gives() -> None:
         got = np.full(len(entries), 99, np.uint8)
         ids_pb, unique_pb = np.zeros((4, NUM_BUCKETS), np.int64), np.zeros((4, NUM_BUCKETS),
                                                                            np.int64)
-        scratch = [np.empty(len(entries), np.int64) for _ in range(3)]
-        mk.bucketize(entries, rowbits, log2n, state, memo, *scratch, got, ids_pb, unique_pb)
-        np.testing.assert_array_equal(got, expected)
+        scratch = [np.empty(len(entries), np.int64) for _ in range(5)]
+        rows = mk.bucketize(entries, rowbits, log2n, state, memo, *scratch, got, ids_pb,
+                            unique_pb)
+        assert rows == first.sum()
+        np.testing.assert_array_equal(got[:rows], expected[first])
         np.testing.assert_array_equal(ids_pb, want_ids)
         np.testing.assert_array_equal(unique_pb, want_unique)
         inside = cols < 4096

@@ -2,10 +2,11 @@
 
 A column's bucket (`_highway`) never changes, and hashing it costs ~100 ns while
 reading a byte costs a few: with skewed (power-law) IDs most rows of a batch were
-seen before, so pass 2 of minibatching hashes only the rows new to the process.
+seen before, so minibatching hashes only the rows new to the process.
 The memo grows to the largest stack vocabulary seen, at most `MAX_MEMO_COLUMNS`
 bytes; columns past it are hashed every time. Threads share it: concurrent
-writers of one entry write the same byte.
+writers of one entry write the same byte (and what a thread remembers in a memo
+another has just outgrown is only hashed again later).
 """
 
 from __future__ import annotations
@@ -44,10 +45,8 @@ def clear_bucket_memo() -> None:
 
 @njit(nogil=True, cache=True, inline="always")
 def known_bucket(memo, col):
-    """The memoised bucket of column `col`, or -1 where it is not known yet."""
-    if col < memo.shape[0] and memo[col] != UNKNOWN:
-        return np.int64(memo[col])
-    return np.int64(-1)
+    """The memoised bucket of column `col`, or UNKNOWN where it is not known yet."""
+    return memo[col] if col < memo.shape[0] else UNKNOWN
 
 
 @njit(nogil=True, cache=True, inline="always")

@@ -1,18 +1,22 @@
 """Minibatching: agree on a split of the batch, then pack every stack's minibatches.
 
-Pass 1 (in `_preprocess`) sorted, merged and counted each SparseCore's entries
-and packed them speculatively as one minibatch, right after the previous
-SparseCore's when that one had finished, else into the SparseCore's fixed slot;
-it keeps only what the packing lacks (`keep_sorted`). If no partition of any
-stack exceeds its limits on any process (`Agreement`, round "required"), the
-packings are only moved together (`_compact`). Otherwise pass 2 takes the merged
-entries (read back from the packing where it holds them all), buckets every entry
-by a hash of its row, computes each partition's 63-bit split of the 64 buckets,
-ORs the splits over SparseCores, devices, stacks and processes (round "split")
-and regroups the entries into `popcount(split) + 1` minibatches of contiguous
-buckets (as they are written, where nothing is dropped). Either way the device buffers get the minibatching layout
-(REFERENCE §3): per device, segments packed SparseCore-major then by minibatch,
-partitions 8-aligned, row pointers absolute.
+Pass 1 (in `_preprocess`) sorted and counted each SparseCore's entries and packed
+them speculatively as one minibatch (merging duplicates), right after the previous
+SparseCore's when that one had finished, else into the SparseCore's fixed slot; it
+keeps only what the packing lacks (`keep_sorted`): nothing when the packing holds
+them all, else the sorted entries themselves (taken over from the thread's scratch,
+not copied), and past a limit, where a split is certain, their buckets too. If no
+partition of any stack exceeds its limits on any process (`Agreement`, round
+"required"), the packings are only moved together (`_compact`). Otherwise pass 2
+buckets the entries pass 1 did not (read back from the packing where it holds them
+all) by a hash of their row, computes each partition's 63-bit split of the 64
+buckets, ORs the splits over SparseCores, devices, stacks and processes (round
+"split") and writes the entries into `popcount(split) + 1` minibatches of
+contiguous buckets: where nothing is dropped, each merged entry straight to its
+place from sorted order (`mk.scatter_pack`, the one packing of those entries).
+Either way the device buffers get the minibatching layout (REFERENCE §3): per
+device, segments packed SparseCore-major then by minibatch, partitions 8-aligned,
+row pointers absolute.
 """
 
 from __future__ import annotations
@@ -29,45 +33,69 @@ from ._bucket_memo import bucket_memo
 from ._buffers import allocate
 from ._errors import LimitExceededError, PeerPreprocessingError
 from ._highway import NUM_BUCKETS, bucket_state
+from ._kernels import SUM
 from ._packed import FILLER_GAIN, FILLER_ID, align_up
-from ._scratch import scratch
+from ._scratch import detach, scratch
 from ._types import PreprocessStats, StackBuffers
 
 _BUCKET_STATE = np.array(bucket_state(), np.uint64)
-_NONE = np.zeros(0, np.uint64)
+_NO_GAINS = np.zeros(0, np.float32)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class Merged:
-    """One SparseCore's merged entries of one stack, in (partition, row, sample) order."""
-
-    entries: np.ndarray
-    gains: np.ndarray
-    raw: np.ndarray
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Sorted:
-    """One SparseCore's sorted entries of one stack (pass 1), as `_kernels.emit` takes
-    them, with its per-partition counts and where its speculative packing starts in
-    the device buffer and ends in its slot (`fits_slot`: nothing was cut off by the
-    end of the slot). `merged` is set when pass 1 already merged them (a limit was
-    exceeded: the packing was abandoned). `in_slot`: the entries were let go because the packing holds them all, merged
-    (`_merged` reads them back)."""
+class Entries:
+    """One SparseCore's entries of one stack in (partition, row, sample) order, as
+    `_kernels.emit` takes them: duplicates not merged yet (the packing kernels merge
+    them as they write), gains per entry when `weighted`, else per sample."""
 
     entries: np.ndarray
     gains: np.ndarray
     weighted: bool
     sample_gains: np.ndarray
     combiner: int
-    rowbits: int
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Bucketed:
+    """Each distinct row's bucket (in entry order), the `[2, N, 64]` per-(partition,
+    bucket) counts of merged entries and of distinct rows, and the split those counts
+    need."""
+
+    row_buckets: np.ndarray
+    counts: np.ndarray
+    mask: int
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Sorted:
+    """One SparseCore's pass 1 of one stack: its per-partition counts and where its
+    speculative packing starts in the device buffer and ends in its slot.
+
+    `in_slot`: the packing holds every merged entry (nothing was cut off by the end
+    of the slot, no limit exceeded); the entries were let go (`_merged` reads them
+    back). Otherwise `entries` are kept, and past a limit (the packing abandoned, a
+    split certain) `bucketed` too.
+    """
+
     ids: np.ndarray
     unique: np.ndarray
     start: int
     end: int
-    fits_slot: bool
-    merged: Merged | None = None
-    in_slot: bool = False
+    in_slot: bool
+    entries: Entries | None = None
+    bucketed: Bucketed | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class StackKeys:
+    """How one stack's entry keys are laid out (`rowbits`, `log2n`; `vocab_size`
+    columns, the bucket memo's extent) and limited per partition."""
+
+    rowbits: int
+    log2n: int
+    vocab_size: int
+    max_ids: int
+    max_unique: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,11 +104,7 @@ class StackPacking:
 
     name: str
     tables: tuple[str, ...]
-    max_ids: int
-    max_unique: int
-    rowbits: int
-    log2n: int
-    vocab_size: int
+    keys: StackKeys
     buffers: StackBuffers
     slot: int
     sorted: Sequence[Sorted]
@@ -88,10 +112,10 @@ class StackPacking:
 
 @dataclasses.dataclass(frozen=True)
 class _Grouping:
-    """Each merged entry's bucket, the buckets' minibatches and the per-(partition,
-    bucket) entry counts: where `mk.scatter_pack` puts each entry."""
+    """Each row's bucket, the buckets' minibatches and the per-(partition, bucket)
+    merged-entry counts: where `mk.scatter_pack` puts each merged entry."""
 
-    buckets: np.ndarray
+    row_buckets: np.ndarray
     mb_of_bucket: np.ndarray
     ids_pb: np.ndarray
 
@@ -99,13 +123,11 @@ class _Grouping:
 @dataclasses.dataclass(frozen=True)
 class _Segments:
     """One SparseCore's entries by (minibatch, partition) segment, `counts` `[M, N]`
-    entries each. `within_limits`: no segment exceeds a limit (packing drops
-    nothing). With `grouping` the entries are still in merged order, regrouped as
+    merged entries each. `within_limits`: no segment exceeds a limit (packing drops
+    nothing). With `grouping` the entries are still in sorted order, regrouped as
     they are written (one pass fewer); without, grouped already."""
 
-    entries: np.ndarray
-    gains: np.ndarray
-    raw: np.ndarray
+    entries: Entries
     counts: np.ndarray
     within_limits: bool
     grouping: _Grouping | None = None
@@ -118,8 +140,8 @@ def is_required(stacks: Sequence[StackPacking], stats: PreprocessStats) -> bool:
     """Whether some partition of some stack exceeds its limits on this process
     (`stats`: the batch's per-partition maxima, counted in pass 1)."""
     return any(
-        int(stats.max_ids_per_partition[s.name].max(initial=0)) > s.max_ids
-        or int(stats.max_unique_ids_per_partition[s.name].max(initial=0)) > s.max_unique
+        int(stats.max_ids_per_partition[s.name].max(initial=0)) > s.keys.max_ids
+        or int(stats.max_unique_ids_per_partition[s.name].max(initial=0)) > s.keys.max_unique
         for s in stacks
     )
 
@@ -137,38 +159,35 @@ def pack_minibatches(
     required = agreement.all_reduce_or(batch_number, "required", int(is_required(stacks, stats)))
     tasks = [(stack, sc) for stack in stacks for sc in range(len(stack.sorted))]
     none = {s.name: 0 for s in stacks}
-    if not required and all(m.fits_slot and m.merged is None for s in stacks for m in s.sorted):
+    if not required and all(m.in_slot for s in stacks for m in s.sorted):
         parallel_map(lambda t: _compact(t[0], t[1], sc_per_device),
                      [(s, d) for s in stacks for d in range(s.buffers.embedding_ids.shape[0])])
         return 1, none, dict(none)
-    merged = parallel_map(lambda t: _merged(t[0], t[1], sc_per_device), tasks)
+    entries = parallel_map(lambda t: _merged(t[0], t[1], sc_per_device), tasks)
     if required:
-        num_mb, segments = _split(stacks, tasks, merged, allow_id_dropping=allow_id_dropping,
+        num_mb, segments = _split(tasks, entries, allow_id_dropping=allow_id_dropping,
                                   agreement=agreement, batch_number=batch_number, stats=stats,
                                   sc_per_device=sc_per_device, parallel_map=parallel_map)
-    else:  # a slot was too small for its SparseCore: pack from the merged entries
+    else:  # a slot was too small for its SparseCore: pack from the entries
         num_mb = 1
-        segments = [
-            _Segments(m.entries, m.gains, m.raw, stack.sorted[sc].ids.reshape(1, -1), True)
-            for (stack, sc), m in zip(tasks, merged, strict=True)
-        ]
+        segments = [_Segments(m, stack.sorted[sc].ids.reshape(1, -1), True)
+                    for (stack, sc), m in zip(tasks, entries, strict=True)]
     dropped, overflow = _write(stacks, tasks, segments, num_mb, sc_per_device, parallel_map)
     return num_mb, dropped, overflow
 
 
-def _split(stacks: Sequence[StackPacking], tasks: Sequence[tuple[StackPacking, int]],
-           merged: Sequence[Merged], *, allow_id_dropping: bool, agreement: Agreement,
+def _split(tasks: Sequence[tuple[StackPacking, int]],
+           entries: Sequence[Entries], *, allow_id_dropping: bool, agreement: Agreement,
            batch_number: int, stats: PreprocessStats, sc_per_device: int, parallel_map: Map
            ) -> tuple[int, list[_Segments]]:
-    """Pass 2's split: every merged entry bucketed, the buckets' split agreed by every
-    process, each SparseCore's entries by (minibatch, partition) segment. Raises on every
-    process when a bucket alone exceeds a limit somewhere and dropping is off."""
-    memo = bucket_memo(max(s.vocab_size for s in stacks))
-    counted = parallel_map(lambda i: _bucketize(tasks[i][0], merged[i], memo),
-                           range(len(tasks)))
+    """Pass 2's split: every entry bucketed (pass 1 did those past a limit), the
+    buckets' split agreed by every process, each SparseCore's entries by (minibatch,
+    partition) segment. Raises on every process when a bucket alone exceeds a limit
+    somewhere and dropping is off."""
+    counted = parallel_map(lambda i: _bucketed(tasks[i], entries[i]), range(len(tasks)))
     local = 0
-    for _, _, mask in counted:
-        local |= mask
+    for bucketed in counted:
+        local |= bucketed.mask
     mb_of_bucket = mk.minibatch_of_buckets(agreement.all_reduce_or(batch_number, "split", local))
     num_mb = int(mb_of_bucket[-1]) + 1
     failure: LimitExceededError | None = None
@@ -185,7 +204,7 @@ def _split(stacks: Sequence[StackPacking], tasks: Sequence[tuple[StackPacking, i
     if failed_anywhere:
         raise PeerPreprocessingError(batch_number)
     segments = parallel_map(
-        lambda i: _order(tasks[i][0], merged[i], counted[i], mb_of_bucket, num_mb),
+        lambda i: _order(tasks[i][0], entries[i], counted[i], mb_of_bucket, num_mb),
         range(len(tasks)))
     return num_mb, segments
 
@@ -228,108 +247,94 @@ def _compact(stack: StackPacking, device: int, sc_per_device: int) -> None:
 
 def keep_sorted(
     *, entries: np.ndarray, gains: np.ndarray, weighted: bool, sample_gains: np.ndarray,
-    combiner: int, rowbits: int, ids: np.ndarray, unique: np.ndarray, start: int, end: int,
-    fits_slot: bool, exceeded: bool,
+    combiner: int, ids: np.ndarray, unique: np.ndarray, start: int, end: int, fits_slot: bool,
+    exceeded: bool, keys: StackKeys,
 ) -> Sorted:
     """Pass 1's sorted entries (the `Sorted` fields) in a form that outlives its task.
 
     The sorted arrays are per-thread scratch (cache-warm), which the thread's next
-    task overwrites. Past a limit (`exceeded`) they are merged into fresh arrays
-    and the counts recomputed; if the slot cut some off they are copied; otherwise
-    the packing holds every merged entry and nothing is kept: the usual case, no
-    split, costs what packing without minibatching does.
+    task overwrites. If the packing holds every merged entry nothing is kept: the
+    usual case, no split, costs what packing without minibatching does. Otherwise
+    the task takes the arrays over (`detach`, no copy); past a limit (the packing
+    abandoned) it buckets them too, recounting `ids` and `unique`, while they are
+    cache-warm.
     """
-    merged, in_slot = None, fits_slot and not exceeded
-    if in_slot:  # the packing holds them all
-        entries = gains = sample_gains = _NONE
-    elif exceeded:  # the packing is abandoned
-        ids.fill(0)
-        unique.fill(0)
-        merged = _merge(entries, gains, weighted, sample_gains, combiner, rowbits, ids, unique)
-        entries = gains = sample_gains = _NONE
-    else:  # the slot cut some off
-        arrays = (entries, gains, sample_gains)
-        entries, gains, sample_gains = allocate([(a.shape, a.dtype.type) for a in arrays])
-        for a, copy in zip(arrays, (entries, gains, sample_gains), strict=True):
-            np.copyto(copy, a)
-    return Sorted(entries=entries, gains=gains, weighted=weighted, sample_gains=sample_gains,
-                  combiner=combiner, rowbits=rowbits, ids=ids, unique=unique, start=start,
-                  end=end, fits_slot=fits_slot and not exceeded, merged=merged,
-                  in_slot=in_slot)
+    in_slot = fits_slot and not exceeded
+    if in_slot:
+        return Sorted(ids=ids, unique=unique, start=start, end=end, in_slot=True)
+    kept = Entries(detach(entries), detach(gains) if weighted else _NO_GAINS, weighted,
+                   _NO_GAINS if weighted or combiner == SUM else detach(sample_gains),
+                   combiner)
+    bucketed = None
+    if exceeded:
+        bucketed = _bucketize(keys, kept, len(ids))
+        bucketed.counts[0].sum(1, out=ids)
+        bucketed.counts[1].sum(1, out=unique)
+    return Sorted(ids=ids, unique=unique, start=start, end=end, in_slot=False, entries=kept,
+                  bucketed=bucketed)
 
 
-def _merged(stack: StackPacking, index: int, sc_per_device: int) -> Merged:
-    """SparseCore `index`'s merged entries of `stack` (pass 2, before any packing).
-
-    Read back from pass 1's packing (`in_slot`), each entry's raw count is 1: that
+def _merged(stack: StackPacking, index: int, sc_per_device: int) -> Entries:
+    """SparseCore `index`'s entries of `stack` (pass 2, before any packing): those
+    pass 1 kept, or read back from its packing (`in_slot`), merged already. That
     packing stayed within the limits in every partition, hence in every minibatch,
-    so pass 2 drops none of its entries and never reads the counts (`pack_minibatches`
-    checks it).
+    so pass 2 drops none of its entries (`pack_minibatches` checks it).
     """
     entries = stack.sorted[index]
-    if entries.merged is not None:
-        return entries.merged
-    if not entries.in_slot:
-        n = len(entries.ids)
-        return _merge(entries.entries, entries.gains, entries.weighted, entries.sample_gains,
-                      entries.combiner, entries.rowbits, np.zeros(n, np.int64),
-                      np.zeros(n, np.int64))
+    if entries.entries is not None:
+        return entries.entries
     device, sc = divmod(index, sc_per_device)
     b = stack.buffers
     block = b.row_pointers.shape[1] // (NUM_BUCKETS * sc_per_device)
     slot = slice(entries.start, entries.start + stack.slot)
     size = int(entries.ids.sum())
-    out_entries, out_gains, out_raw = allocate(
-        [((size,), np.uint64), ((size,), np.float32), ((size,), np.int32)])
-    out_raw.fill(1)
+    out_entries, out_gains = allocate([((size,), np.uint64), ((size,), np.float32)])
     m = mk.unpack(b.embedding_ids[device, slot], b.sample_ids[device, slot],
                   b.gains[device, slot], b.row_pointers[device, sc * block:(sc + 1) * block],
-                  len(entries.ids), stack.rowbits, out_entries, out_gains)
+                  len(entries.ids), stack.keys.rowbits, out_entries, out_gains)
     assert m == size, f"read {m} entries back from a slot of {size}"
-    return Merged(out_entries, out_gains, out_raw)
+    return Entries(out_entries, out_gains, True, _NO_GAINS, SUM)
 
 
-def _merge(entries: np.ndarray, gains: np.ndarray, weighted: bool, sample_gains: np.ndarray,
-           combiner: int, rowbits: int, ids: np.ndarray, unique: np.ndarray) -> Merged:
-    """Merge duplicate (sample, row) sorted entries, counting them into `ids`/`unique`."""
-    size = len(entries)
-    out_entries, out_gains, out_raw = allocate(
-        [((size,), np.uint64), ((size,), np.float32), ((size,), np.int32)])
-    m = mk.merge(entries, gains, weighted, sample_gains, combiner, rowbits, out_entries,
-                 out_gains, out_raw, ids, unique)
-    return Merged(out_entries[:m], out_gains[:m], out_raw[:m])
+def _bucketed(task: tuple[StackPacking, int], entries: Entries) -> Bucketed:
+    """SparseCore's entries bucketed: by pass 1 when it exceeded a limit, else now."""
+    stack, index = task
+    bucketed = stack.sorted[index].bucketed
+    if bucketed is None:
+        bucketed = _bucketize(stack.keys, entries, len(stack.sorted[index].ids))
+    return bucketed
 
 
-def _bucketize(stack: StackPacking, merged: Merged, memo: np.ndarray
-               ) -> tuple[np.ndarray, np.ndarray, int]:
-    n = len(stack.sorted[0].ids)
-    size = len(merged.entries)
-    (buckets,) = allocate([((size,), np.uint8)])
-    ids_pb = np.zeros((n, NUM_BUCKETS), np.int64)
-    unique_pb = np.zeros((n, NUM_BUCKETS), np.int64)
-    mk.bucketize(merged.entries, stack.rowbits, stack.log2n, _BUCKET_STATE, memo,
-                 scratch("miss_starts", size, np.int64), scratch("bucket_misses", size, np.int64),
-                 scratch("miss_buckets", size, np.int64), buckets, ids_pb, unique_pb)
-    mask = int(mk.split_mask(ids_pb, unique_pb, stack.max_ids, stack.max_unique))
-    return buckets, np.stack([ids_pb, unique_pb]), mask
+def _bucketize(keys: StackKeys, entries: Entries, num_partitions: int) -> Bucketed:
+    size = len(entries.entries)
+    (row_buckets,) = allocate([((size,), np.uint8)])
+    counts = np.zeros((2, num_partitions, NUM_BUCKETS), np.int64)
+    rows = mk.bucketize(
+        entries.entries, keys.rowbits, keys.log2n, _BUCKET_STATE, bucket_memo(keys.vocab_size),
+        *(scratch(name, size, np.int64)
+          for name in ("bucket_cols", "row_counts", "misses", "miss_cols", "miss_buckets")),
+        row_buckets, counts[0], counts[1])
+    mask = int(mk.split_mask(counts[0], counts[1], keys.max_ids, keys.max_unique))
+    return Bucketed(row_buckets[:rows], counts, mask)
 
 
-def _order(stack: StackPacking, merged: Merged, counted: tuple[np.ndarray, np.ndarray, int],
-           mb_of_bucket: np.ndarray, num_mb: int) -> _Segments:
-    buckets, counts, _ = counted
+def _order(stack: StackPacking, entries: Entries, bucketed: Bucketed, mb_of_bucket: np.ndarray,
+           num_mb: int) -> _Segments:
+    counts = bucketed.counts
     # A row lives in one bucket: a segment's distinct rows are its buckets' summed.
     onehot = (mb_of_bucket[:, None] == np.arange(num_mb)[None, :]).astype(np.int64)
     seg_counts = np.ascontiguousarray((counts[0] @ onehot).T)
-    if (int(seg_counts.max(initial=0)) <= stack.max_ids
-            and int((counts[1] @ onehot).max(initial=0)) <= stack.max_unique):
-        return _Segments(merged.entries, merged.gains, merged.raw, seg_counts, True,
-                         _Grouping(buckets, mb_of_bucket, counts[0]))
-    size = len(merged.entries)
-    entries, gains, raw = allocate(
-        [((size,), np.uint64), ((size,), np.float32), ((size,), np.int32)])
-    mk.order_by_minibatch(merged.entries, merged.gains, merged.raw, buckets, mb_of_bucket, num_mb,
-                          stack.rowbits, counts[0], entries, gains, raw, seg_counts)
-    return _Segments(entries, gains, raw, seg_counts, False)
+    if (int(seg_counts.max(initial=0)) <= stack.keys.max_ids
+            and int((counts[1] @ onehot).max(initial=0)) <= stack.keys.max_unique):
+        return _Segments(entries, seg_counts, True,
+                         _Grouping(bucketed.row_buckets, mb_of_bucket, counts[0]))
+    size = len(entries.entries)
+    grouped, gains = allocate([((size,), np.uint64),
+                               ((size if entries.weighted else 0,), np.float32)])
+    mk.order_by_minibatch(entries.entries, entries.gains, entries.weighted, bucketed.row_buckets,
+                          mb_of_bucket, num_mb, stack.keys.rowbits, counts.shape[1], grouped, gains)
+    return _Segments(dataclasses.replace(entries, entries=grouped, gains=gains), seg_counts,
+                     False)
 
 
 def _size(task: tuple[StackPacking, int], seg: _Segments, num_mb: int, sc_per_device: int
@@ -351,16 +356,18 @@ def _pack(task: tuple[StackPacking, int], seg: _Segments, num_mb: int, sc_per_de
     b = stack.buffers
     block = b.row_pointers.shape[1] // (NUM_BUCKETS * sc_per_device)
     rows = b.row_pointers[device, sc * num_mb * block:(sc + 1) * num_mb * block]
+    e = seg.entries
     if write and seg.grouping is not None:
         g = seg.grouping
         end, overflow = mk.scatter_pack(
-            seg.entries, seg.gains, g.buckets, g.mb_of_bucket, num_mb, stack.rowbits, g.ids_pb,
-            base, b.embedding_ids[device], b.sample_ids[device], b.gains[device], rows, block)
+            e.entries, e.gains, e.weighted, e.sample_gains, e.combiner, g.row_buckets,
+            g.mb_of_bucket, num_mb, stack.keys.rowbits, g.ids_pb, base, b.embedding_ids[device],
+            b.sample_ids[device], b.gains[device], rows, block)
         return int(end), 0, int(overflow)
     end, dropped, overflow = mk.pack(
-        seg.entries, seg.gains, seg.raw, seg.counts, stack.rowbits, stack.max_ids,
-        stack.max_unique, base, write, b.embedding_ids[device], b.sample_ids[device],
-        b.gains[device], rows, block)
+        e.entries, e.gains, e.weighted, e.sample_gains, e.combiner, seg.counts, stack.keys.rowbits,
+        stack.keys.max_ids, stack.keys.max_unique, base, write, b.embedding_ids[device],
+        b.sample_ids[device], b.gains[device], rows, block)
     return int(end), int(dropped), int(overflow)
 
 
@@ -392,16 +399,17 @@ def _fill_tails(stack: StackPacking, ends: dict[tuple[str, int], int], num_mb: i
 
 
 def _check_single_buckets(
-    tasks: Sequence[tuple[StackPacking, int]], counted: Sequence[tuple[np.ndarray, np.ndarray, int]],
+    tasks: Sequence[tuple[StackPacking, int]], counted: Sequence[Bucketed],
     mb_of_bucket: np.ndarray, sc_per_device: int, stats: PreprocessStats,
 ) -> None:
     """Raise for the first (minibatch, partition) segment still over a limit: a bucket
     the split cannot divide (every occurrence of a row stays in one bucket)."""
     num_mb = int(mb_of_bucket[-1]) + 1
     onehot = (mb_of_bucket[:, None] == np.arange(num_mb)[None, :]).astype(np.int64)
-    for (stack, index), (_, counts, _) in zip(tasks, counted, strict=True):
-        for kind, limit, allowed in ((0, "max_ids_per_partition", stack.max_ids),
-                                     (1, "max_unique_ids_per_partition", stack.max_unique)):
+    for (stack, index), bucketed in zip(tasks, counted, strict=True):
+        counts = bucketed.counts
+        for kind, limit, allowed in ((0, "max_ids_per_partition", stack.keys.max_ids),
+                                     (1, "max_unique_ids_per_partition", stack.keys.max_unique)):
             per_segment = counts[kind] @ onehot  # [N, M]
             over = np.argwhere(per_segment > allowed)
             if over.size:

@@ -21,7 +21,7 @@ from ._highway import NUM_BUCKETS
 from ._inputs import Csr, checked_names, to_csr
 from ._layout import PlanLayout, StackPreprocessing, plan_layout
 from ._limits import check_limits, coo_buffer_size_per_device
-from ._minibatching import Sorted, StackPacking, keep_sorted, pack_minibatches
+from ._minibatching import Sorted, StackKeys, StackPacking, keep_sorted, pack_minibatches
 from ._packed import align_up
 from ._scratch import scratch
 from ._threads import pool, resolve_num_threads
@@ -52,6 +52,8 @@ class _StackJob:
     packed_ends: np.ndarray
     """[local devices, S] with minibatching: the aligned end of each SparseCore's
     pass-1 packing once it is known to sit where `_compact` puts it, else -1."""
+    keys: StackKeys
+    """The stack's key layout and limits, as minibatching takes them."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +75,9 @@ def _make_job(layout: StackPreprocessing, csrs: tuple[Csr, ...], topology: Topol
         buffers=StackBuffers(row_pointers=rows, embedding_ids=eids, sample_ids=sids, gains=gains),
         counts=np.zeros((2, local, s, topology.num_partitions), np.int64),
         packed_ends=np.full((local, s), -1, np.int64),
+        keys=StackKeys(layout.rowbits, layout.log2n, layout.stack.vocab_size,
+                       layout.stack.max_ids_per_partition,
+                       layout.stack.max_unique_ids_per_partition),
     )
 
 
@@ -147,7 +152,7 @@ def _emit(job: _StackJob, device: int, sc: int, n: int, sc_per_device: int,
         # right after the previous SparseCore's if that one is packed already, else
         # to its own slot, moved there later if no split is needed
         # (`pack_minibatches`). Past a limit a split is certain: packing stops and
-        # the entries are merged for pass 2 instead.
+        # the sorted entries are kept, bucketed, for pass 2 instead.
         block = b.row_pointers.shape[1] // (NUM_BUCKETS * sc_per_device)
         previous = int(job.packed_ends[device, sc - 1]) if sc else 0
         start, packed = (previous, True) if previous >= 0 else (start, False)
@@ -168,8 +173,8 @@ def _emit(job: _StackJob, device: int, sc: int, n: int, sc_per_device: int,
             job.packed_ends[device, sc] = align_up(start + end)
         sorted_entries = keep_sorted(
             entries=entries, gains=gains, weighted=weighted, sample_gains=sample_gains,
-            combiner=layout.combiner, rowbits=layout.rowbits, ids=ids, unique=unique,
-            start=start, end=end, fits_slot=not overflow, exceeded=required < 0)
+            combiner=layout.combiner, ids=ids, unique=unique, start=start, end=end,
+            fits_slot=not overflow, exceeded=required < 0, keys=job.keys)
         if required < 0:
             required = int(align_up(ids).sum())
         return _TaskResult(None, int(required), sorted=sorted_entries)
@@ -443,9 +448,7 @@ def _pack_minibatches(
         assert all(m is not None for m in merged)
         layout, stack = job.layout, job.layout.stack
         packings.append(StackPacking(
-            name=stack.name, tables=stack.table_names, max_ids=stack.max_ids_per_partition,
-            max_unique=stack.max_unique_ids_per_partition, rowbits=layout.rowbits,
-            log2n=layout.log2n, vocab_size=stack.vocab_size, buffers=job.buffers,
+            name=stack.name, tables=stack.table_names, keys=job.keys, buffers=job.buffers,
             slot=layout.slot, sorted=[m for m in merged if m is not None],
         ))
 

@@ -3,7 +3,10 @@
 Sorting needs a few arrays as large as one SparseCore's entries. Allocating them
 afresh every call costs a page fault per 4 KiB touched, which on virtualised
 hosts is as expensive as the sort itself; each worker thread keeps its own
-grow-only arrays instead.
+grow-only arrays instead, carved from the recycled blocks of `_buffers`. A task
+whose result must outlive it takes its arrays over (`detach`): the thread's next
+request gets another recycled block, and the taken one returns to the pool once
+the result is dropped.
 """
 
 from __future__ import annotations
@@ -12,15 +15,41 @@ import threading
 
 import numpy as np
 
+from ._buffers import allocate
+
 _local = threading.local()
+
+
+def _address(array: np.ndarray) -> int:
+    return int(array.__array_interface__["data"][0])
+
+
+def _thread_buffers() -> tuple[dict[str, np.ndarray], dict[int, str]]:
+    """This thread's scratch arrays by name, and their names by address."""
+    buffers = getattr(_local, "buffers", None)
+    if buffers is None:
+        buffers = _local.buffers = ({}, {})
+    return buffers
 
 
 def scratch(name: str, size: int, dtype: type[np.generic]) -> np.ndarray:
     """A `size`-element array of `dtype`, private to this thread, contents undefined."""
-    buffers: dict[str, np.ndarray] | None = getattr(_local, "buffers", None)
-    if buffers is None:
-        buffers = _local.buffers = {}
+    buffers, names = _thread_buffers()
     buffer = buffers.get(name)
     if buffer is None or buffer.size < size or buffer.dtype != dtype:
-        buffer = buffers[name] = np.empty(max(size, int(size * 1.25), 1024), dtype)
+        if buffer is not None:
+            del names[_address(buffer)]
+        (buffer,) = allocate([((max(size, int(size * 1.25), 1024),), dtype)])
+        buffers[name] = buffer
+        names[_address(buffer)] = name
     return buffer[:size]
+
+
+def detach(array: np.ndarray) -> np.ndarray:
+    """`array`, a `scratch` array of this thread, made the caller's: the scratch it
+    came from is no longer handed out (nothing is copied)."""
+    buffers, names = _thread_buffers()
+    name = names.pop(_address(array), None)
+    if name is not None:
+        del buffers[name]
+    return array
