@@ -192,6 +192,17 @@ def test_save_rejects_variables_of_another_plan(tmp_path: Path) -> None:
     assert ck.available_steps(tmp_path) == ()
 
 
+def test_save_refuses_a_step_older_than_the_newest(tmp_path: Path) -> None:
+    """Orbax skipped such a step and returned False; save returned its path anyway."""
+    plan = plan_for(1, 2)
+    variables = ck.shard_variables(plan, random_states(plan))
+    ck.save(tmp_path, plan, variables, step=6)
+    with pytest.raises(ValueError, match=r"save: step 5 is older than step 6, the newest in "
+                                         r".*; steps must increase"):
+        ck.save(tmp_path, plan, variables, step=5)
+    assert ck.available_steps(tmp_path) == (6,)
+
+
 # --------------------------------------------------------------------------- other topologies
 
 

@@ -405,7 +405,17 @@ def test_cli_resume_skips_a_damaged_checkpoint_and_saves_that_step_again(
     assert ck.available_steps(out / "checkpoint") == (2, 4)
     assert ck.verify(out / "checkpoint") == 4
 
-    for step in (2, 4):  # now every checkpoint is damaged: an error, no training
+    # A shorter resume past a damaged newest step saves its own step (3): the damaged
+    # 4 is moved aside first (Orbax skipped a step older than the newest in silence).
+    target = data_files(out / "checkpoint" / "4")[0]
+    target.write_bytes(target.read_bytes()[: target.stat().st_size // 2])
+    with pytest.warns(UserWarning) as seen:
+        assert main([*base, "--resume", "--steps", "1"]) == 0
+    assert any("Moved the damaged checkpoint step 4" in str(w.message) for w in seen)
+    assert ck.available_steps(out / "checkpoint") == (2, 3)
+    capsys.readouterr()
+
+    for step in (2, 3):  # now every checkpoint is damaged: an error, no training
         target = data_files(out / "checkpoint" / str(step))[0]
         target.write_bytes(b"")
     assert main([*base, "--resume", "--steps", "2"]) == 2

@@ -256,6 +256,34 @@ def test_run_directories_out_resume_and_overwrite(tmp_path: Path) -> None:
     assert _runs.resolve(out, resume=True, overwrite=False).start_step == 0  # nothing saved
     with pytest.raises(ValueError, match=r"notes\.txt is a file; name a directory"):
         _runs.resolve(out / "notes.txt", resume=False, overwrite=True)
+    _runs.release(out)
+
+    # Paths where a run keeps its directories or checkpoints are files.
+    (tmp_path / "rootfile").write_text("x")
+    with pytest.raises(ValueError, match="rootfile is a file, where tilecore train keeps its "
+                                         "run directories; move it away or pass --out DIR"):
+        _runs.resolve(None, resume=False, overwrite=False, root=tmp_path / "rootfile")
+    (tmp_path / "ck" / "checkpoint").parent.mkdir()
+    (tmp_path / "ck" / "checkpoint").write_text("x")
+    with pytest.raises(ValueError, match=r"checkpoint is a file, where tilecore train keeps its "
+                                         r"checkpoints; move it away"):
+        _runs.resolve(tmp_path / "ck", resume=True, overwrite=False)
+
+    # A run directory another process writes is refused (two runs mixed their files).
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], "
+         "os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); "
+         "time.sleep(120)", str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(ValueError, match=r"out is in use by another tilecore train; wait "
+                                             r"for it to end, or write this run elsewhere"):
+            _runs.resolve(out, resume=True, overwrite=False)
+    finally:
+        holder.kill()
+        holder.communicate()
+    assert _runs.resolve(out, resume=True, overwrite=False).path == out
+    _runs.release(out)
 
 
 def _tiny_source() -> data.ClickDataset:

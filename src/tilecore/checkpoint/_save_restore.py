@@ -133,12 +133,20 @@ def save(
     if extra is not None:
         items[EXTRA] = ocp.args.PyTreeSave(extra)
     with manager(directory, create=True, max_to_keep=max_to_keep) as mgr:
-        if int(step) in mgr.all_steps():
+        steps = mgr.all_steps()
+        if int(step) in steps:
             raise ValueError(
                 f"save: step {step} already exists in {str(directory)!r}; pick a new step "
                 "(checkpoints are never overwritten)."
             )
-        mgr.save(int(step), args=ocp.args.Composite(**items))
+        if steps and int(step) < max(steps):  # Orbax would skip it and return False
+            raise ValueError(
+                f"save: step {step} is older than step {max(steps)}, the newest in "
+                f"{str(directory)!r}; steps must increase. Save a newer step, or move the "
+                "newer ones away first.")
+        if not mgr.save(int(step), args=ocp.args.Composite(**items)):
+            raise RuntimeError(f"save: Orbax declined to save step {step} in "
+                               f"{str(directory)!r}; nothing was written.")
     return Path(directory).absolute() / str(int(step))
 
 

@@ -10,6 +10,7 @@ Only the files a run writes are ever deleted, never anything else in DIR.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
@@ -47,21 +48,27 @@ def resolve(out: Path | None, *, resume: bool, overwrite: bool, root: Path = DEF
         if overwrite:
             raise ValueError(f"--overwrite needs --out DIR: without --out every run already "
                              f"writes a new directory under {root}/.")
+        if root.exists() and not root.is_dir():
+            raise ValueError(f"{root} is a file, where tilecore train keeps its run "
+                             "directories; move it away or pass --out DIR.")
         if resume:
             newest = newest_run(root)
             if newest is not None:
+                _claim(newest)
                 return RunDir(newest, saved_step(newest), f"resuming the newest run, {newest}")
         path = new_run(root)
+        _claim(path)
         note = (f"nothing to resume under {root}/ (no run has a checkpoint): starting a new "
                 f"run in {path}" if resume else f"writing to {path}")
         return RunDir(path, 0, note)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file; name a directory (new or holding a run).")
+    out.mkdir(parents=True, exist_ok=True)
+    _claim(out)
     if resume:
         step = saved_step(out)
         if step:
             return RunDir(out, step, f"resuming {out}")
-        out.mkdir(parents=True, exist_ok=True)
         return RunDir(out, 0, f"nothing to resume in {out} (no checkpoint): starting from step 0")
     found = [name for name in OUTPUTS if (out / name).exists()]
     if found and not overwrite:
@@ -75,8 +82,47 @@ def resolve(out: Path | None, *, resume: bool, overwrite: bool, root: Path = DEF
             shutil.rmtree(target)
         else:
             target.unlink()
-    out.mkdir(parents=True, exist_ok=True)
     return RunDir(out, 0, f"overwriting {out}" if found else f"writing to {out}")
+
+
+_claimed: dict[Path, int] = {}
+"""The run directories this process writes, each held open and locked until `release`
+(or the process's end)."""
+
+
+def _claim(path: Path) -> None:
+    """Lock run directory `path` for this process (an advisory `flock` on the directory,
+    until `release` or the process's end), so that two commands never write one run: a
+    second gets a ValueError naming the directory. Where locks are not supported,
+    nothing is locked."""
+    path = path.resolve()
+    if path in _claimed:
+        return
+    checkpoints = path / "checkpoint"
+    if checkpoints.exists() and not checkpoints.is_dir():
+        raise ValueError(f"{checkpoints} is a file, where tilecore train keeps its "
+                         "checkpoints; move it away.")
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ValueError(f"{path} is in use by another tilecore train; wait for it to end, "
+                         "or write this run elsewhere (--out DIR).") from None
+    except OSError:  # a file system without locks
+        os.close(fd)
+        return
+    _claimed[path] = fd
+
+
+def release(path: Path) -> None:
+    """Unlock run directory `path` (the command that claimed it has finished with it)."""
+    fd = _claimed.pop(path.resolve(), None)
+    if fd is not None:
+        os.close(fd)  # closing the descriptor releases its flock
 
 
 def saved_step(directory: Path) -> int:

@@ -207,11 +207,20 @@ def run(args: argparse.Namespace) -> int:
     status = _ensure_devices(topology.global_devices, _argv(args, topology))
     if status is not None:
         return status
+    source = _source(args)
+    run_dir = _runs.resolve(args.out, resume=args.resume, overwrite=args.overwrite)
+    try:
+        return _run_in(run_dir, args, topology, source)
+    finally:
+        _runs.release(run_dir.path)
+
+
+def _run_in(run_dir: _runs.RunDir, args: argparse.Namespace, topology: tc.Topology,
+            source: data.ClickSource) -> int:
+    """Train in `run_dir` (claimed for this run) and write its outputs there."""
     from tilecore.checkpoint import CheckpointMismatchError
     from tilecore_apps import dlrm
 
-    source = _source(args)
-    run_dir = _runs.resolve(args.out, resume=args.resume, overwrite=args.overwrite)
     print(f"tilecore train: {run_dir.note}", flush=True)
     start, out = run_dir.start_step, run_dir.path
     if start and (saved := _saved_topology(out, start)) != str(topology):

@@ -46,12 +46,14 @@ def save_checkpoint(directory: Path, plan: StackingPlan, state: TrainState, *, s
     """Save `state` (tables, slots, dense params, optax state) as step `step` of `directory`.
 
     Returns the step's directory. Older steps beyond the newest `max_to_keep` are
-    deleted (None keeps all). A damaged checkpoint already at `step` (one that a
-    resumed run skipped) is first moved aside to `<step>.damaged`, with a warning,
-    so that the run saves that step again; an intact one is never replaced
+    deleted (None keeps all). Damaged checkpoints at `step` or newer (those a
+    resumed run skipped) are first moved aside to `<step>.damaged`, with a warning,
+    so that the run saves its steps again; an intact one there is never replaced
     (ValueError, as from `tilecore.checkpoint.save`).
     """
-    _move_aside_if_damaged(directory, step)
+    for newer in checkpoint.available_steps(directory):  # the damaged ones a resume skipped
+        if newer >= step:
+            _move_aside_if_damaged(directory, newer)
     extra = {"dense": state.dense, "step": np.int64(step)}
     return checkpoint.save(directory, plan, state.variables, step=step, extra=extra,
                            max_to_keep=max_to_keep)
