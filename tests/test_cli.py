@@ -10,7 +10,7 @@ import pytest
 import tilecore as tc
 from tilecore.data import criteo
 from tilecore.preprocessing import NUM_THREADS_ENV
-from tilecore_apps._common import calibrate, parse_topology
+from tilecore_apps._common import calibrate, parse_topology, write_file
 from tilecore_apps.cli import main
 
 TINY = ["--batch-size", "64"]
@@ -159,3 +159,16 @@ def test_version_is_the_packaged_one(capsys: pytest.CaptureFixture[str]) -> None
         main(["--version"])
     assert exit_info.value.code == 0
     assert capsys.readouterr().out.strip() == f"tilecore {version}"
+
+
+def test_output_files_are_written_through_links_and_special_files(tmp_path: Path) -> None:
+    """--json and --plot replaced a symbolic link (or /dev/null, as root) by a new file."""
+    (tmp_path / "results").mkdir()
+    link = tmp_path / "out.json"
+    link.symlink_to("results/out.json")
+    write_file(link, b"{}\n")
+    assert link.is_symlink() and (tmp_path / "results" / "out.json").read_bytes() == b"{}\n"
+    write_file(link, b"[]\n")  # an existing target is replaced through the link too
+    assert link.is_symlink() and (tmp_path / "results" / "out.json").read_bytes() == b"[]\n"
+    write_file(Path("/dev/null"), b"x")
+    assert Path("/dev/null").is_char_device()

@@ -325,3 +325,17 @@ def test_to_local_refuses_leaves_that_are_not_global_arrays() -> None:
     with pytest.raises(TypeError, match=r"to_local: expected global jax.Arrays.*ndarray"):
         distributed.to_local({"a": np.zeros(3)})
     assert np.array_equal(distributed.to_local({"a": jnp.arange(3)})["a"], np.arange(3))
+
+
+def test_processes_holding_different_numbers_of_devices_are_refused() -> None:
+    """(2, 1, 1) local devices failed deep inside JAX's multihost reshape."""
+    from types import SimpleNamespace
+
+    from tilecore.ops._contract import check_even_processes
+
+    devices = np.array([SimpleNamespace(process_index=p) for p in (0, 0, 1, 2)], dtype=object)
+    with pytest.raises(ValueError, match=r"init_tables: the processes hold different numbers "
+                                         r"of the mesh's devices \(\{0: 2, 1: 1, 2: 1\}"):
+        check_even_processes(SimpleNamespace(devices=devices), "init_tables")  # type: ignore[arg-type]
+    even = np.array([SimpleNamespace(process_index=p) for p in (0, 0, 1, 1)], dtype=object)
+    check_even_processes(SimpleNamespace(devices=even), "init_tables")  # type: ignore[arg-type]

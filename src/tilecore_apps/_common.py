@@ -81,7 +81,14 @@ def calibrate(
 
 
 def write_file(path: Path, content: bytes) -> None:
-    """Write `content` to `path` atomically (a temporary file, then a rename)."""
+    """Write `content` to `path` atomically (a temporary file, then a rename). A symbolic
+    link is written through (its target replaced atomically); a FIFO, a device or
+    another file that is not a regular one (/dev/stdout, say) is written in place."""
+    path = Path(os.path.realpath(path)) if path.is_symlink() else path
+    if path.exists() and not path.is_file() and not path.is_dir():
+        with open(path, "wb") as stream:
+            stream.write(content)
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_bytes(content)

@@ -54,6 +54,8 @@ def check_call(plan: StackingPlan, batch: PreprocessedBatch, mesh: Mesh | None, 
                 f"{what}: the mesh splits {axis!r} over {mesh.shape[axis]} devices but the "
                 f"plan was built for {devices}; build the plan for this mesh "
                 f"(Topology(global_devices={mesh.shape[axis]}, ...)) or use its mesh.")
+    if mesh is not None and jax.process_count() > 1:
+        check_even_processes(mesh, what)
     if jax.process_count() > 1:
         # Processes with different plans would pair collectives of different sizes (gloo
         # aborts without a Python error): they agree first, once per plan, and fail together.
@@ -92,6 +94,19 @@ def check_call(plan: StackingPlan, batch: PreprocessedBatch, mesh: Mesh | None, 
                 f"{'; '.join(differences[:4])}"
                 f"{f' (and {len(differences) - 4} more)' if len(differences) > 4 else ''}. "
                 f"{_REMEDY}")
+
+
+def check_even_processes(mesh: Mesh, what: str) -> None:
+    """Every process holds as many of the mesh's devices: each process preprocesses its
+    own equal share of the batch for its local devices."""
+    per_process: dict[int, int] = {}
+    for device in mesh.devices.flat:
+        per_process[device.process_index] = per_process.get(device.process_index, 0) + 1
+    if len(set(per_process.values())) > 1:
+        raise ValueError(
+            f"{what}: the processes hold different numbers of the mesh's devices "
+            f"({dict(sorted(per_process.items()))}, process → devices); tilecore needs the "
+            "same number on every process (each preprocesses an equal share of the batch).")
 
 
 def _check_minibatch_count(plan: StackingPlan, count: Any, what: str) -> None:
