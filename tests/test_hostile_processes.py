@@ -195,3 +195,20 @@ def test_silence_spares_peers_that_are_done_or_not_yet_counting() -> None:
 def test_fail_together_refuses_a_silence_shorter_than_three_polls() -> None:
     with pytest.raises(ValueError, match=r"silent_s >= 3 \* poll_s"):
         fail_together(poll_s=1.0, silent_s=2.0)
+
+
+def test_schedules_of_one_name_with_other_rates_make_other_fingerprints() -> None:
+    """Processes whose schedules came from one factory with other rates (compared by
+    name only) trained the halves of a table at different rates, in silence."""
+    import tilecore as tc
+    from tilecore.distributed._fingerprint import canonical
+
+    def make_schedule(rate: float) -> Callable[[Any], float]:
+        def schedule(step: Any) -> float:
+            return rate
+        return schedule
+
+    a, b = (tc.SGD(learning_rate=make_schedule(rate)) for rate in (0.1, 0.5))
+    assert canonical(a) != canonical(b)
+    assert canonical(a) == canonical(tc.SGD(learning_rate=make_schedule(0.1)))
+    assert canonical(a)["learning_rate"]["rates at steps"][0] == "0.1"

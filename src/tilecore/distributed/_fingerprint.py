@@ -3,8 +3,9 @@
 Processes that preprocess one global batch must hold the same plan: the same
 tables, features, stacks, limits, topology and config. Comparing `repr`s would not
 do (callables print their memory address), so every value is reduced to plain
-JSON-able data first: dataclasses field by field, callables by qualified name,
-floats by `repr` (NaN and infinities included).
+JSON-able data first: dataclasses field by field, callables by qualified name
+(learning-rate schedules also by their rates at a few steps), floats by `repr` (NaN
+and infinities included).
 """
 
 from __future__ import annotations
@@ -16,14 +17,22 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ..specs import TableSpec
+from ..specs import OptimizerSpec, TableSpec
 from ..stacking import StackingPlan
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
+SCHEDULE_STEPS = (0, 1, 10, 100, 1_000, 10_000, 100_000, 1_000_000)
+"""Where learning-rate schedules are compared: two schedules of one name (a factory's
+closures over other rates, say) differ at one of these steps in every practical case."""
+
+
 def canonical(value: Any) -> Any:
     """`value` as JSON-able data that is equal across processes when the values are."""
+    if isinstance(value, OptimizerSpec) and callable(value.learning_rate):
+        return {**canonical(dataclasses.replace(value, learning_rate=1.0)),
+                "learning_rate": _schedule(value)}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {"type": type(value).__qualname__, **{
             f.name: canonical(getattr(value, f.name)) for f in dataclasses.fields(value)}}
@@ -38,6 +47,15 @@ def canonical(value: Any) -> Any:
     if callable(value):
         return f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', '?')}"
     return _ADDRESS.sub("", repr(value))
+
+
+def _schedule(spec: OptimizerSpec) -> Any:
+    """A learning-rate schedule by its name and its rates at `SCHEDULE_STEPS`."""
+    try:
+        rates = [repr(float(spec.learning_rate_at(step))) for step in SCHEDULE_STEPS]
+    except Exception as error:  # a schedule that needs a traced step: by name only
+        rates = [f"not evaluated: {type(error).__name__}"]
+    return {"schedule": canonical(spec.learning_rate), "rates at steps": rates}
 
 
 def _feature(plan: StackingPlan, name: str) -> Any:
