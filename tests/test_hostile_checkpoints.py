@@ -445,6 +445,11 @@ def test_user_mistakes_on_an_intact_checkpoint_are_not_called_damage(tmp_path: P
     with pytest.raises(ValueError, match=r"the target does not fit the tree saved in .*/5/extra"
                                          r"': it lacks the saved leaves \['opt"):
         ck.restore(tmp_path, plan_for(), extra={"params": extra_for(5)["params"]})
+    wider = extra_for(5)
+    wider["params"] = {**wider["params"], "w": jnp.zeros((4, 3))}  # another model's dense layer
+    with pytest.raises(ck.CheckpointTargetError, match=r"leaves of other shapes: 'params/w' "
+                                                       r"saved \(2, 3\), the target's \(4, 3\)"):
+        ck.restore(tmp_path, plan_for(), extra=wider)
     for step in ("5", 5.0, True):
         with pytest.raises(TypeError, match=f"step must be an integer .* got step={step!r}"):
             ck.restore(tmp_path, plan_for(), step=step)  # type: ignore[arg-type]

@@ -18,6 +18,7 @@ from ._convert import unshard_variables as unshard_variables
 from ._errors import CheckpointCorruptError as CheckpointCorruptError
 from ._errors import CheckpointMismatchError as CheckpointMismatchError
 from ._errors import CheckpointNotFoundError as CheckpointNotFoundError
+from ._errors import CheckpointTargetError as CheckpointTargetError
 from ._errors import Mismatch as Mismatch
 from ._export import export_tables as export_tables
 from ._export import read_metadata as read_metadata
@@ -32,6 +33,7 @@ __all__ = [
     "CheckpointCorruptError",
     "CheckpointMismatchError",
     "CheckpointNotFoundError",
+    "CheckpointTargetError",
     "Mismatch",
     "TableState",
     "available_steps",

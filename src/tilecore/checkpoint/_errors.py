@@ -15,6 +15,11 @@ class CheckpointCorruptError(ValueError):
     """A checkpoint's metadata or arrays cannot be read back."""
 
 
+class CheckpointTargetError(ValueError):
+    """A restore target (`extra`) of another structure or other leaf shapes than what was
+    saved: the checkpoint is intact, the model or state it is read into differs."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Mismatch:
     """One difference between a checkpoint's tables and the model's.

@@ -22,7 +22,7 @@ from jax.sharding import Sharding, SingleDeviceSharding
 
 from ..specs._numbers import is_integer
 from ._checksums import Expected, leaf_key, problem, seal_problem
-from ._errors import CheckpointCorruptError, CheckpointNotFoundError
+from ._errors import CheckpointCorruptError, CheckpointNotFoundError, CheckpointTargetError
 from ._metadata import SavedLayout, parse
 
 EMBEDDINGS, EXTRA, METADATA = "embeddings", "extra", "tilecore"
@@ -227,8 +227,9 @@ def read_item(directory: PathLike, step: int, item: str, expected: Mapping[str, 
                           ) from error
         keys = [leaf_key(path) for path, _ in paths]
         if target is not None:
-            _check_target(where, keys, [leaf_key(p) for p, _ in
-                                        jax.tree_util.tree_flatten_with_path(saved)[0]])
+            _check_target(where, dict(zip(keys, leaves, strict=True)),
+                          {leaf_key(p): leaf for p, leaf in
+                           jax.tree_util.tree_flatten_with_path(saved)[0]})
         if exact:
             _check_keys(directory, step, item, keys, expected)
         values = []
@@ -247,14 +248,20 @@ def read_item(directory: PathLike, step: int, item: str, expected: Mapping[str, 
     return jax.tree_util.tree_unflatten(treedef, values)
 
 
-def _check_target(where: str, keys: list[str], saved: list[str]) -> None:
-    """Raise ValueError (the checkpoint is fine) when a restore target's leaves are not the
-    saved tree's."""
-    missing = sorted(set(saved) - set(keys))
-    unknown = sorted(set(keys) - set(saved))
+def _check_target(where: str, wanted: Mapping[str, Any], saved: Mapping[str, Any]) -> None:
+    """Raise CheckpointTargetError (the checkpoint is fine) when a restore target's leaves
+    are not the saved tree's, or not of the saved shapes."""
+    missing = sorted(set(saved) - set(wanted))
+    unknown = sorted(set(wanted) - set(saved))
+    reshaped = [f"{key!r} saved {tuple(saved[key].shape)}, the target's "
+                f"{tuple(wanted[key].shape)}" for key in sorted(set(saved) & set(wanted))
+                if hasattr(saved[key], "shape") and hasattr(wanted[key], "shape")
+                and tuple(saved[key].shape) != tuple(wanted[key].shape)]
     parts = ([f"it lacks the saved leaves {missing[:8]}"] if missing else []) + (
-        [f"it has leaves that were not saved {unknown[:8]}"] if unknown else [])
+        [f"it has leaves that were not saved {unknown[:8]}"] if unknown else []) + (
+        [f"leaves of other shapes: {'; '.join(reshaped[:8])}"] if reshaped else [])
     if parts:
-        raise ValueError(f"restore: the target does not fit the tree saved in {where!r}: "
-                         f"{'; '.join(parts)}. Pass a target of the saved structure, or none "
-                         "(the tree as saved).")
+        raise CheckpointTargetError(
+            f"restore: the target does not fit the tree saved in {where!r}: "
+            f"{'; '.join(parts)}. Pass a target of the saved structure, or none "
+            "(the tree as saved).")

@@ -218,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
 def _run_in(run_dir: _runs.RunDir, args: argparse.Namespace, topology: tc.Topology,
             source: data.ClickSource) -> int:
     """Train in `run_dir` (claimed for this run) and write its outputs there."""
-    from tilecore.checkpoint import CheckpointMismatchError
+    from tilecore.checkpoint import CheckpointMismatchError, CheckpointTargetError
     from tilecore_apps import dlrm
 
     print(f"tilecore train: {run_dir.note}", flush=True)
@@ -248,10 +248,10 @@ def _run_in(run_dir: _runs.RunDir, args: argparse.Namespace, topology: tc.Topolo
     except dlrm.NonFiniteLossError as error:
         print(f"tilecore train: error: {error}", file=sys.stderr)
         return 1
-    except CheckpointMismatchError as error:
+    except (CheckpointMismatchError, CheckpointTargetError) as error:
         print(f"tilecore train: error: cannot resume, the model differs from the checkpoint "
-              f"(same --vocab-sizes, --embedding-dim and --optimizer as the saved run?). "
-              f"{error}", file=sys.stderr)
+              f"(same --vocab-sizes, --embedding-dim, --optimizer and --dense-columns as the "
+              f"saved run?). {error}", file=sys.stderr)
         return 2
     finally:
         if args.out is None and not start:
