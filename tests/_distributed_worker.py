@@ -257,6 +257,17 @@ def run_checkpoint(mesh: Any, out: Path) -> None:
         multihost_utils.process_allgather(host, tiled=True), dense + 1))
     seen["host_error"] = _swapped_error(root, "extra", 3, 2, lambda: ck.restore(
         root, plan, step=2, mesh=mesh, axis=AXIS, extra=target))
+    # Processes that save different steps, or per-process host values in `extra` (Orbax
+    # writes process 0's), are told so on every process before anything is written.
+    for key, save in (("step_error", lambda: ck.save(root, plan, variables, step=4 + me)),
+                      ("extra_error", lambda: ck.save(root, plan, variables, step=6,
+                                                      extra={"position": np.int64(1000 + me)}))):
+        try:
+            save()
+            seen[key] = None
+        except ValueError as error:
+            seen[key] = str(error)
+    seen["steps_after"] = list(ck.available_steps(root))
     (out / f"checkpoint-{me}.json").write_text(json.dumps(seen))
 
 

@@ -223,7 +223,7 @@ def test_different_plans_raise_on_every_process(launch: Launched) -> None:
         message = seen["plan_error"]
         assert message is not None
         assert "processes hold different plans (differing: stack 'a')" in message
-        assert f"process {last} vs process 0, stack 'a': max_ids_per_partition: 256 vs 100" in (
+        assert f"process {last} vs process 0, stack 'a': max_ids_per_partition: 100 vs 256" in (
             message)
 
 
@@ -275,6 +275,12 @@ def test_checkpoint_of_tables_split_over_processes_is_checked(launch: Launched) 
         for part in ("step 2 is damaged: extra leaf 'host'", "its bytes changed after saving: "
                      "it reads as crc32 0x", "but save recorded crc32 0x"):
             assert part in seen["host_error"], (p, part, seen["host_error"])
+        assert "processes hold different checkpoint saves (differing: step)" in (
+            seen["step_error"] or ""), (p, seen["step_error"])
+        assert "process 1 vs process 0, step: value: 5 vs 4" in seen["step_error"]
+        assert "(differing: extra host values)" in (seen["extra_error"] or ""), seen["extra_error"]
+        assert "Orbax writes process 0's" in seen["extra_error"]
+        assert seen["steps_after"] == [0, 1, 2, 3], seen["steps_after"]
     from tilecore import checkpoint
 
     assert checkpoint.verify(root, step=0) == 0

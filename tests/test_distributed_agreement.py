@@ -120,7 +120,7 @@ def test_different_tables_name_process_and_field() -> None:
         2, lambda p, s: agreement(p, s, 2, other if p == 1 else plan_for(2)), store)
     for error in results:
         assert isinstance(error, ValueError)
-        assert "process 1 vs process 0, table 'b': spec.combiner: \"sqrtn\" vs \"sum\"" in str(
+        assert "process 1 vs process 0, table 'b': spec.combiner: \"sum\" vs \"sqrtn\"" in str(
             error)
 
 

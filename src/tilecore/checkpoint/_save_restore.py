@@ -21,7 +21,7 @@ from .. import __version__
 from ..ops import DEFAULT_AXIS, EmbeddingVariables, unshard
 from ..specs._numbers import is_integer
 from ..stacking import StackingPlan
-from ._checksums import embedding_checksums, extra_checksums, saved_checksums, seal
+from ._checksums import embedding_checksums, extra_checksums, leaf_key, saved_checksums, seal
 from ._compare import same_layout, table_mismatches
 from ._convert import (
     TableState,
@@ -132,6 +132,7 @@ def save(
     }
     if extra is not None:
         items[EXTRA] = ocp.args.PyTreeSave(extra)
+    _agree("save", directory, int(step), extra)
     with manager(directory, create=True, max_to_keep=max_to_keep) as mgr:
         steps = mgr.all_steps()
         if int(step) in steps:
@@ -148,6 +149,32 @@ def save(
             raise RuntimeError(f"save: Orbax declined to save step {step} in "
                                f"{str(directory)!r}; nothing was written.")
     return Path(directory).absolute() / str(int(step))
+
+
+def _agree(what: str, directory: PathLike, step: int, extra: Any = None) -> None:
+    """In a multi-process job, every process saves (or restores) the same step of the same
+    directory, and `extra`'s host values (numbers, NumPy arrays: Orbax writes process 0's)
+    are the same on every process: otherwise a ValueError on every process naming what
+    differs (the saves waited on each other for 10 minutes; a restore failed inside JAX;
+    process 1 got process 0's host values back). Global jax.Arrays are the job's own."""
+    if jax.process_count() == 1:
+        return
+    from ..distributed._together import agree_on
+
+    items: dict[str, Any] = {"directory": str(Path(directory).absolute()), "step": int(step)}
+    if extra is not None:
+        checksums = extra_checksums(extra)
+        hosts = {key for key, leaf in _extra_leaves(extra) if not isinstance(leaf, jax.Array)}
+        items["extra host values"] = {key: value for key, value in checksums.items()
+                                      if key in hosts}
+    agree_on(items, f"checkpoint {what}s",
+             f"Every process must {what} the same step of the same directory, with the same "
+             "host values (numbers, NumPy arrays) in extra: Orbax writes process 0's, so "
+             "keep per-process state out of it", name=f"checkpoint {what}")
+
+
+def _extra_leaves(extra: Any) -> list[tuple[str, Any]]:
+    return [(leaf_key(path), leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(extra)[0]]
 
 
 def _note_unchecked(directory: PathLike, step: int, saved: SavedLayout) -> None:
@@ -243,6 +270,7 @@ def restore(
       CheckpointMismatchError: the tables differ; lists every difference.
     """
     step = pick_step(directory, step)
+    _agree("restore", directory, step)
     raw, saved = read_layout(directory, step)
     mismatches = table_mismatches(saved, plan)
     if mismatches:

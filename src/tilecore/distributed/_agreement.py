@@ -126,9 +126,11 @@ class DistributedAgreement:
                 "order with the same batch_number.")
         return [x["value"] for x in payloads]
 
-    def check_items(self, items: dict[str, Any], what: str) -> None:
+    def check_items(self, items: dict[str, Any], what: str,
+                    remedy: str = "Build the plan from the same specs, topology, config and "
+                                  "hyperparameters on every process") -> None:
         """Raise `ValueError` on every process unless all hold equal `items` (label →
-        canonical value), naming the processes and leaves that differ."""
+        canonical value), naming the processes and leaves that differ, and `remedy`."""
         digests = self.all_gather(-1, what, {k: digest(v) for k, v in items.items()})
         labels = sorted({k for d in digests for k in d})
         differing = [k for k in labels if len({d.get(k) for d in digests}) > 1]
@@ -139,10 +141,9 @@ class DistributedAgreement:
         lines = []
         for p, theirs in enumerate(details[1:], start=1):
             for label in differing:
-                for diff in leaf_differences(details[0][label], theirs[label]):
+                for diff in leaf_differences(theirs[label], details[0][label]):
                     lines.append(f"  process {p} vs process 0, {label}: {diff}")
         shown = "\n".join(lines[:20]) + ("\n  ..." if len(lines) > 20 else "")
         raise ValueError(
             f"DistributedAgreement {self._name!r}: processes hold different {what} "
-            f"(differing: {', '.join(differing)}). Build the plan from the same specs, "
-            f"topology, config and hyperparameters on every process:\n{shown}")
+            f"(differing: {', '.join(differing)}). {remedy}:\n{shown}")

@@ -93,6 +93,21 @@ def agree_on_plan(plan: StackingPlan, *, hyperparameters: Mapping[str, Any] | No
     agreement.check_items(items, "plans and hyperparameters")
 
 
+def agree_on(items: Mapping[str, Any], what: str, remedy: str, *, name: str,
+             timeout_s: float = 300.0) -> None:
+    """Check that every process calls this with equal `items` (JSON-able after
+    `canonical`): a ValueError on every process naming the processes and items that
+    differ, and `remedy`; a TimeoutError naming those that did not come. Calls of one `name` pair up
+    in the order each process makes them. With one process it returns at once."""
+    store, me, count = _runtime()
+    if store is None or count == 1:
+        return
+    agreement = DistributedAgreement(None, timeout_s=timeout_s, name=name, store=store,
+                                     process_id=me, process_count=count)
+    agreement.check_items({key: canonical(value) for key, value in items.items()}, what,
+                          remedy)
+
+
 def ensure_agreed(plan: StackingPlan) -> None:
     """`agree_on_plan` once per distinct plan of this process (the ops call it while
     tracing), with `fail_together` installed first."""
