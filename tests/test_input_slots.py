@@ -248,3 +248,20 @@ def test_the_descriptor_is_small() -> None:
         writer.close()
     array_bytes = sum(x.nbytes for x in jax.tree.leaves((sparse, batch.dense, batch.labels)))
     assert len(pickle.dumps(tuple(sent))) * 10 < array_bytes
+
+
+def test_a_stopped_worker_is_ended_and_named_after_the_silence_bound(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker stopped (SIGSTOP) or hung stalled training for ever."""
+    monkeypatch.setattr(_workers, "SILENCE_S", 2.0)
+    source = _source()
+    with pytest.raises(training.InputWorkerError, match=r"Input worker \d \(pid \d+\) sent "
+                                                        r"nothing for 2 s while preparing "
+                                                        r"training batch \d+ \(stopped or hung\)"), \
+            training.ProcessBatches(source, _plan(source), start=0, stop=30, processes=2,
+                                    depth=1, num_threads=1) as batches:
+        batches.take(0)
+        for pid in batches.pids:
+            os.kill(pid, signal.SIGSTOP)
+        for step in range(1, 30):
+            batches.take(step)

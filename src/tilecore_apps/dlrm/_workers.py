@@ -38,6 +38,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import weakref
 from collections.abc import Mapping
@@ -108,6 +109,11 @@ def host_plan(plan: StackingPlan) -> StackingPlan:
     return dataclasses.replace(plan, features=features, tables=tables)
 
 
+SILENCE_S = 300.0
+"""How long a worker may take to return one batch (milliseconds, normally) before it is
+taken for stopped or hung and ended with an InputWorkerError."""
+
+
 class _Worker:
     """One worker process, its two pipes and its shared-memory slots."""
 
@@ -130,15 +136,33 @@ class _Worker:
             pass  # it died: the read of this step's result reports how
 
     def result(self, step: int) -> HostBatch:
+        silent = threading.Event()
+
+        def stalled() -> None:  # a stopped or hung worker: end it, so that the read ends
+            silent.set()
+            with contextlib.suppress(OSError):
+                self.process.kill()
+
+        timer = threading.Timer(SILENCE_S, stalled)
+        timer.daemon = True
+        timer.start()
         try:
             kind, payload = pickle.load(self.results)
         except (EOFError, pickle.UnpicklingError, OSError):
             status = self.process.wait()
+            if silent.is_set():
+                raise InputWorkerError(
+                    f"Input worker {self.index} (pid {self.process.pid}) sent nothing for "
+                    f"{SILENCE_S:g} s while preparing training batch {step} (stopped or hung), "
+                    "and was ended. Rerun without --input-processes to prepare batches in "
+                    "threads.") from None
             raise InputWorkerError(
                 f"Input worker {self.index} (pid {self.process.pid}) exited with status "
                 f"{status} before returning training batch {step} (killed, or out of memory?); "
                 "its stderr above may say why. Rerun without --input-processes to prepare "
                 "batches in threads.") from None
+        finally:
+            timer.cancel()
         if kind == "raise":  # the input's fault: the error the threads would raise, caused
             error, text = payload  # by one that holds the worker's traceback
             raise error from InputWorkerError(
