@@ -478,3 +478,21 @@ def test_extra_leaves_and_export_paths_that_cannot_be_written(tmp_path: Path) ->
         with pytest.raises(ValueError, match=r"npz_path=.* must name a file in an existing "
                                              r"directory"):
             ck.export_tables(tmp_path / "run", npz_path=bad)
+
+
+def test_steps_deleted_while_being_read_are_not_called_damaged(tmp_path: Path) -> None:
+    """A reader racing a training run that prunes to its newest few saw intact steps
+    called damaged, or bare FileNotFoundErrors from inside Orbax."""
+    from tilecore.checkpoint._store import corrupt
+
+    save(tmp_path, 8)
+    gone = tmp_path / "6"
+    other = corrupt(tmp_path, 8, f"its metadata cannot be read (FileNotFoundError: [Errno 2] "
+                                 f"No such file or directory: '{gone}')")
+    assert isinstance(other, ck.CheckpointNotFoundError)
+    assert f"{str(gone)!r} was removed while step 8 was being read: another process deletes " \
+           "checkpoints in this directory" in str(other)
+    itself = corrupt(tmp_path, 9, "its arrays cannot be read (not found at path: ...)")
+    assert isinstance(itself, ck.CheckpointNotFoundError) and "step 9" in str(itself)
+    inside = corrupt(tmp_path, 8, f"No such file or directory: '{tmp_path / '8' / 'x'}'")
+    assert isinstance(inside, ck.CheckpointCorruptError)  # a file of the step itself is gone

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -40,8 +41,16 @@ def manager(directory: PathLike, *, create: bool, max_to_keep: int | None = None
     """A synchronous manager over `directory` (saves are complete on return)."""
     options = ocp.CheckpointManagerOptions(
         max_to_keep=max_to_keep, create=create, enable_async_checkpointing=False)
-    with ocp.CheckpointManager(Path(directory).absolute(), options=options,
-                               item_handlers=_handlers()) as mgr:
+    try:
+        opened = ocp.CheckpointManager(Path(directory).absolute(), options=options,
+                                       item_handlers=_handlers())
+    except (FileNotFoundError, NotADirectoryError) as error:  # a step went while listed
+        if not Path(directory).is_dir():
+            raise
+        raise CheckpointNotFoundError(
+            f"Checkpoint {str(directory)!r}: {_removed(error)} was removed while the steps "
+            f"were being listed: {_PRUNED}") from error
+    with opened as mgr:
         yield mgr
 
 
@@ -118,9 +127,30 @@ def read_layout(directory: PathLike, step: int) -> tuple[Any, SavedLayout]:
     return raw, layout
 
 
-def corrupt(directory: PathLike, step: int, why: str) -> CheckpointCorruptError:
-    """The error for a damaged step: which one, why, and what to do instead."""
+_MISSING = re.compile(r"No such file or directory: '([^']+)'|Path is not a directory: (\S+)")
+_PRUNED = ("another process deletes checkpoints in this directory (a training run keeping "
+           "its newest few). Read again, or read a copy of the step.")
+
+
+def _removed(error: BaseException) -> str:
+    """The path an error says went missing (or 'a file')."""
+    found = _MISSING.search(str(error))
+    return repr(found[1] or found[2]) if found else "a file"
+
+
+def corrupt(directory: PathLike, step: int, why: str
+            ) -> CheckpointCorruptError | CheckpointNotFoundError:
+    """The error for a damaged step: which one, why, and what to do instead; or, when a
+    file went missing because the step (or another) was deleted while being read (a
+    training run pruning to `max_to_keep`), a CheckpointNotFoundError saying so."""
     where = str(step_dir(directory, step))
+    missing = _MISSING.search(why)
+    if not os.path.isdir(where) or (missing is not None and not os.path.abspath(
+            missing[1] or missing[2]).startswith(os.path.abspath(where) + os.sep)):
+        return CheckpointNotFoundError(
+            f"Checkpoint {str(directory)!r}: "
+            f"{repr(where) if missing is None else _removed(Exception(why))} was removed "
+            f"while step {step} was being read: {_PRUNED}")
     try:
         steps: object = list(available_steps(directory))
     except Exception:  # listing failed too: the message still names the step
