@@ -17,8 +17,10 @@ collectives), installs `fail_together` (polling every 0.5 s; with HOW=kill a pee
    it never joins (gloo raises when it dies), except that with HOW=kill the last process
    returns from `main` at once: its `done` must spare it from being taken for dead, and
    it must watch on in JAX's shutdown barrier, which waits for every peer (nothing
-   raises). Every process must exit non-zero within a bounded time (the failed one with
-   1, or the signal, its peers with 71), never hang.
+   raises). HOW=short: process FAILING returns after 2 training steps (`note_step`), the
+   others begin a third and enter a collective it never joins. Every process must exit
+   non-zero within a bounded time (the failed one with 1, or the signal, its peers with
+   71; after HOW=short the finished one too, 71), never hang.
 """
 
 from __future__ import annotations
@@ -65,6 +67,15 @@ def main(me: int, count: int, port: int, out: Path, failing: int, how: str,
 
     # 3. One process fails; the others wait for it in a collective.
     multihost_utils.sync_global_devices("before the failure")
+    if how == "short":  # it ends normally after fewer training steps than its peers begin
+        from tilecore.distributed._together import note_step
+
+        for _ in range(2 if me == failing else 3):
+            note_step()
+        if me == failing:
+            record("finished", time.time())
+            (out / "failed-at").write_text(str(time.time()))
+            return
     if me == failing and how == "raise":
         (out / "failed-at").write_text(str(time.time()))
         raise RuntimeError(f"empty batch on process {me} (on purpose)")

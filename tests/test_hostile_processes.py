@@ -51,14 +51,15 @@ class Launch(NamedTuple):
     devices: int
     """Per process."""
     failing: int
-    how: Literal["raise", "kill"]
+    how: Literal["raise", "kill", "short"]
     agree: Literal["ops", "plans", "none"]
     """How the processes first disagree, then agree (see `_together_worker.py`)."""
 
 
 LAUNCHES = {"coordinator-fails": Launch(2, 2, 0, "raise", "ops"),
             "worker-fails": Launch(3, 1, 1, "raise", "plans"),
-            "worker-killed": Launch(3, 1, 1, "kill", "none")}
+            "worker-killed": Launch(3, 1, 1, "kill", "none"),
+            "worker-ends-early": Launch(2, 1, 1, "short", "none")}
 MadeOnce = Callable[[str, Callable[[Path], object]], Path]
 
 
@@ -90,6 +91,11 @@ def failed(request: pytest.FixtureRequest, made_once: MadeOnce) -> Job:
 @pytest.fixture(scope="module")
 def killed(made_once: MadeOnce) -> Job:
     return _job("worker-killed", made_once)
+
+
+@pytest.fixture(scope="module")
+def ended_early(made_once: MadeOnce) -> Job:
+    return _job("worker-ends-early", made_once)
 
 
 def _run_job(launch: Launch, out: Path) -> Job:
@@ -126,7 +132,7 @@ def _run_job(launch: Launch, out: Path) -> Job:
             log.close()
     seen = [json.loads(path.read_text()) if (path := out / f"seen-{p}.json").exists() else {}
             for p in range(count)]
-    if launch.how == "raise" and (out / "failed-at").exists():
+    if launch.how in ("raise", "short") and (out / "failed-at").exists():
         failed_at = float((out / "failed-at").read_text())
     return Job(launch, codes, exited_at, seen,
                ["\n".join(_useful_lines(out / f"log-{p}.txt")[-30:]) for p in range(count)],
@@ -212,3 +218,16 @@ def test_schedules_of_one_name_with_other_rates_make_other_fingerprints() -> Non
     assert canonical(a) != canonical(b)
     assert canonical(a) == canonical(tc.SGD(learning_rate=make_schedule(0.1)))
     assert canonical(a)["learning_rate"]["rates at steps"][0] == "0.1"
+
+
+def test_a_process_that_runs_fewer_steps_ends_its_peers_naming_both_counts(
+        ended_early: Job) -> None:
+    """A process that ran out of batches first returned normally; its peer waited in the
+    next step's collective until JAX's shutdown barrier timed out (5 minutes), then both
+    aborted without a Python error."""
+    job = ended_early
+    assert all(code is not None for code in job.returncodes), job.returncodes
+    assert job.returncodes[0] == 71, (job.returncodes, job.logs[0])
+    assert "process 1 of this job finished after 2 training steps while process 0 has begun " \
+           "step 3" in job.logs[0], job.logs[0]
+    assert max(job.exited_at) - job.failed_at < BOUND_S, (job.exited_at, job.failed_at)

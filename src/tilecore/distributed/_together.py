@@ -196,12 +196,42 @@ def _excepthook(store: KeyValueStore, me: int, poll_s: float, silent_s: float,
     return hook
 
 
+_steps = [0]
+"""Training steps this process has begun (`note_step`)."""
+
+
+def note_step() -> None:
+    """Count one training step begun by this process (`pipelining.TrainStep` calls it).
+
+    A process that exits normally publishes how many it ran with its `done`; a peer
+    that begins more steps than that would wait in their collectives for ever, so its
+    watchdog ends it at once, naming both counts."""
+    _steps[0] += 1
+
+
 def _publish_done(store: KeyValueStore, me: int) -> None:
-    """At a normal exit: beat no more, and say `done` (a beat in flight never overwrites it)."""
+    """At a normal exit: beat no more, and say `done` (a beat in flight never overwrites it),
+    with the training steps this process ran if it counted any."""
     with _publishing:
         _stopping.set()
         with contextlib.suppress(Exception):
-            store.key_value_set(f"{ALIVE_KEY}{me}", DONE, allow_overwrite=True)
+            store.key_value_set(f"{ALIVE_KEY}{me}",
+                                f"{DONE} {_steps[0]}" if _steps[0] else DONE,
+                                allow_overwrite=True)
+
+
+def _ended_early(entries: list[tuple[str, str]], me: int) -> tuple[int, str] | None:
+    """A peer that finished after fewer training steps than this process has begun, and
+    why that ends this process; None if there is none."""
+    for key, value in entries:
+        parts = value.split()
+        if (key.startswith(ALIVE_KEY) and not key.endswith(f"/{me}") and len(parts) == 2
+                and parts[0] == DONE and parts[1].isdigit() and _steps[0] > int(parts[1])):
+            return int(key.rsplit("/", 1)[-1]), (
+                f"finished after {parts[1]} training steps while process {me} has begun step "
+                f"{_steps[0]} (its collectives would wait for the finished one for ever: every "
+                "process must run the same number of steps)")
+    return None
 
 
 class Silence:
@@ -222,7 +252,7 @@ class Silence:
             last = self._heard.get(peer)
             if last is None or last[0] != count:
                 self._heard[peer] = (count, now)
-            elif count != DONE and now - last[1] >= self._silent_s:
+            elif not count.startswith(DONE) and now - last[1] >= self._silent_s:
                 return peer
         return None
 
@@ -258,6 +288,12 @@ def _watch(store: KeyValueStore, me: int, poll_s: float, silent_s: float) -> Non
                                   "the OOM killer, or hung)")]
             with contextlib.suppress(Exception):  # the peers that have not noticed follow
                 store.key_value_set(f"{GONE_KEY}{silent}", gone[0][1], allow_overwrite=True)
+        early = None if gone or _stopping.is_set() else _ended_early(entries, me)
+        if early is not None:
+            gone = [early]
+            with contextlib.suppress(Exception):  # the finished one waits in JAX's shutdown
+                store.key_value_set(f"{GONE_KEY}{me}", f"was ended: process {early[0]} "
+                                    f"{early[1]}", allow_overwrite=True)
         if gone:
             peer, why = gone[0]
             sys.stderr.write(

@@ -10,6 +10,7 @@ from typing import Any
 import jax
 from jax.sharding import NamedSharding
 
+from ..distributed._together import note_step
 from ._sharding import mesh_shardings
 from ._state import TrainState
 from ._step import initial_state, pipelined_step, plain_step
@@ -102,4 +103,5 @@ class TrainStep:
             raise ValueError(f"A {kind} TrainStep got a state built for the other kind; "
                              f"build it with this step's init().")
         check_input(inputs)
+        note_step()  # a peer that ran fewer steps ends this process, not a hang
         return self.jitted_for(state)(state, inputs, fake_tc_step=fake_tc_step)
