@@ -112,7 +112,8 @@ class DistributedAgreement:
         where = {"batch": int(batch_number), "round": str(round)}
         if self._exchange is None:
             return [value]
-        what = f"batch {batch_number}, round {round!r}"
+        what = (f"round {round!r}" if batch_number < 0  # a check outside the batches
+                else f"batch {batch_number}, round {round!r}")
         texts = self._exchange.all_gather(json.dumps({**where, "value": value}), what)
         payloads = [json.loads(text) for text in texts]
         lagging = [(p, x) for p, x in enumerate(payloads)
