@@ -99,7 +99,10 @@ def train(source: ClickSource, config: TrainConfig, *, progress: TextIO | None =
     `config.resume` and a checkpoint in `config.checkpoint_dir`, training goes on
     from its step with its tables, slots, dense parameters and optimizer state
     (the summary then covers the steps run now). The progress bar goes to
-    `progress` (default stderr).
+    `progress` (default stderr). While the steps run (in the main thread), SIGINT or
+    SIGTERM stops training after the steps in flight, with an evaluation and a
+    checkpoint there (`StopSignals`; the summary's `stopped_by` says so); a second
+    SIGINT interrupts at once.
 
     Raises:
       NonFiniteLossError: the loss became NaN or Inf; names the step (and the
