@@ -258,7 +258,7 @@ def test_a_stopped_worker_is_ended_and_named_after_the_silence_bound(
     with pytest.raises(training.InputWorkerError, match=r"Input worker \d \(pid \d+\) sent "
                                                         r"nothing for 2 s while preparing "
                                                         r"training batch \d+ \(stopped or hung\)"), \
-            training.ProcessBatches(source, _plan(source), start=0, stop=30, processes=2,
+            training.ProcessBatches(source, _plan(source), start=0, stop=30, processes=1,
                                     depth=1, num_threads=1) as batches:
         batches.take(0)
         for pid in batches.pids:
