@@ -127,8 +127,14 @@ def test_different_tables_name_process_and_field() -> None:
 def test_timeout_names_the_missing_process() -> None:
     store = MemoryStore()
 
+    started = threading.Barrier(4)
+
     def body(p: int, store: MemoryStore) -> float:
-        a = agreement(p, store, 4, timeout_s=0.3)
+        # The threads begin together and compare no plan first: on a busy machine, their
+        # start alone could outlast the 0.3 s the rounds are given.
+        a = DistributedAgreement(None, timeout_s=0.3, name="t", store=store, process_id=p,
+                                 process_count=4)
+        started.wait()
         a.all_reduce_or(0, "required", 1)
         if p == 1:
             return 0.0  # leaves before batch 1
