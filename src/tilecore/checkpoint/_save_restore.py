@@ -115,6 +115,11 @@ def save(
       the checkpoint is read: a CRC-32, or for an array spread over the processes
       of a multi-process job a `hashsum64` that the processes add up from their
       shards (`_checksums`); every process must call `save`.
+
+    Raises:
+      ValueError: `step` is saved already or older than the newest step there, or, in
+        a multi-process job, the processes save other steps or directories, or other
+        host values (numbers, NumPy arrays) in `extra` (raised on every process).
     """
     if not is_integer(step) or step < 0:
         raise ValueError(f"save: step must be an integer >= 0, got step={step!r}.")
@@ -268,6 +273,9 @@ def restore(
         differs from what was saved (its checksum); names the step's directory and
         the array (stack and table or slot, or the `extra` leaf).
       CheckpointMismatchError: the tables differ; lists every difference.
+      CheckpointTargetError: `extra` is not of the saved structure or leaf shapes.
+      ValueError: in a multi-process job, the processes read other steps or
+        directories (raised on every process).
     """
     step = pick_step(directory, step)
     _agree("restore", directory, step)
