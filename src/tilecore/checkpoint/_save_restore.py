@@ -21,7 +21,14 @@ from .. import __version__
 from ..ops import DEFAULT_AXIS, EmbeddingVariables, unshard
 from ..specs._numbers import is_integer
 from ..stacking import StackingPlan
-from ._checksums import embedding_checksums, extra_checksums, leaf_key, saved_checksums, seal
+from ._checksums import (
+    checksum,
+    embedding_checksums,
+    extra_checksums,
+    leaf_key,
+    saved_checksums,
+    seal,
+)
 from ._compare import same_layout, table_mismatches
 from ._convert import (
     TableState,
@@ -167,19 +174,15 @@ def _agree(what: str, directory: PathLike, step: int, extra: Any = None) -> None
     from ..distributed._together import agree_on
 
     items: dict[str, Any] = {"directory": str(Path(directory).absolute()), "step": int(step)}
-    if extra is not None:
-        checksums = extra_checksums(extra)
-        hosts = {key for key, leaf in _extra_leaves(extra) if not isinstance(leaf, jax.Array)}
-        items["extra host values"] = {key: value for key, value in checksums.items()
-                                      if key in hosts}
+    if extra is not None:  # only the host leaves: the arrays' checksums are the metadata's
+        items["extra host values"] = {
+            leaf_key(path): checksum(leaf)
+            for path, leaf in jax.tree_util.tree_flatten_with_path(extra)[0]
+            if not isinstance(leaf, jax.Array)}
     agree_on(items, f"checkpoint {what}s",
              f"Every process must {what} the same step of the same directory, with the same "
              "host values (numbers, NumPy arrays) in extra: Orbax writes process 0's, so "
              "keep per-process state out of it", name=f"checkpoint {what}")
-
-
-def _extra_leaves(extra: Any) -> list[tuple[str, Any]]:
-    return [(leaf_key(path), leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(extra)[0]]
 
 
 def _note_unchecked(directory: PathLike, step: int, saved: SavedLayout) -> None:

@@ -48,7 +48,7 @@ def manager(directory: PathLike, *, create: bool, max_to_keep: int | None = None
         if not Path(directory).is_dir():
             raise
         raise CheckpointNotFoundError(
-            f"Checkpoint {str(directory)!r}: {_removed(error)} was removed while the steps "
+            f"Checkpoint {str(directory)!r}: {_removed(str(error))} was removed while the steps "
             f"were being listed: {_PRUNED}") from error
     with opened as mgr:
         yield mgr
@@ -132,9 +132,9 @@ _PRUNED = ("another process deletes checkpoints in this directory (a training ru
            "its newest few). Read again, or read a copy of the step.")
 
 
-def _removed(error: BaseException) -> str:
-    """The path an error says went missing (or 'a file')."""
-    found = _MISSING.search(str(error))
+def _removed(text: str) -> str:
+    """The path an error's text says went missing (or 'a file')."""
+    found = _MISSING.search(text)
     return repr(found[1] or found[2]) if found else "a file"
 
 
@@ -149,7 +149,7 @@ def corrupt(directory: PathLike, step: int, why: str
             missing[1] or missing[2]).startswith(os.path.abspath(where) + os.sep)):
         return CheckpointNotFoundError(
             f"Checkpoint {str(directory)!r}: "
-            f"{repr(where) if missing is None else _removed(Exception(why))} was removed "
+            f"{repr(where) if missing is None else _removed(why)} was removed "
             f"while step {step} was being read: {_PRUNED}")
     try:
         steps: object = list(available_steps(directory))
