@@ -20,36 +20,29 @@ from ._buffers import allocate
 _local = threading.local()
 
 
-def _address(array: np.ndarray) -> int:
-    return int(array.__array_interface__["data"][0])
-
-
-def _thread_buffers() -> tuple[dict[str, np.ndarray], dict[int, str]]:
-    """This thread's scratch arrays by name, and their names by address."""
+def _thread_buffers() -> dict[str, np.ndarray]:
+    """This thread's scratch arrays by name."""
     buffers = getattr(_local, "buffers", None)
     if buffers is None:
-        buffers = _local.buffers = ({}, {})
+        buffers = _local.buffers = {}
     return buffers
 
 
 def scratch(name: str, size: int, dtype: type[np.generic]) -> np.ndarray:
     """A `size`-element array of `dtype`, private to this thread, contents undefined."""
-    buffers, names = _thread_buffers()
+    buffers = _thread_buffers()
     buffer = buffers.get(name)
     if buffer is None or buffer.size < size or buffer.dtype != dtype:
-        if buffer is not None:
-            del names[_address(buffer)]
         (buffer,) = allocate([((max(size, int(size * 1.25), 1024),), dtype)])
         buffers[name] = buffer
-        names[_address(buffer)] = name
     return buffer[:size]
 
 
 def detach(array: np.ndarray) -> np.ndarray:
     """`array`, a `scratch` array of this thread, made the caller's: the scratch it
     came from is no longer handed out (nothing is copied)."""
-    buffers, names = _thread_buffers()
-    name = names.pop(_address(array), None)
-    if name is not None:
-        del buffers[name]
+    buffers = _thread_buffers()
+    for name, buffer in list(buffers.items()):
+        if np.may_share_memory(buffer, array):  # distinct blocks: bounds tell them apart
+            del buffers[name]
     return array
