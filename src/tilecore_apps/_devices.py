@@ -7,17 +7,17 @@ few devices runs the same command again in a child process with the flag set.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import jax
 from jax.sharding import Mesh
+
+from ._signals import handling_signals
 
 RERUN_ENV = "TILECORE_BENCH_RERUN"
 _FLAG = re.compile(r"--xla_force_host_platform_device_count=\S*")
@@ -48,25 +48,9 @@ def rerun_with_cpu_devices(count: int, argv: Sequence[str]) -> int:
     # forwarded from here, as do SIGTERM and SIGHUP sent to this process.
     child = subprocess.Popen([sys.executable, "-c", _CHILD, *argv], env=env,
                              start_new_session=True)
-    with _forwarding_signals(child):
-        return child.wait()
-
-
-@contextlib.contextmanager
-def _forwarding_signals(child: subprocess.Popen[bytes]) -> Iterator[None]:
-    """While the block runs, SIGINT, SIGTERM and SIGHUP sent to this process go to `child`
-    instead (only the main thread may set handlers; elsewhere nothing changes)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    previous = {s: signal.signal(s, lambda signum, _: child.send_signal(signum))
-                for s in forwarded}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+    with handling_signals(forwarded, lambda signum, _: child.send_signal(signum)):
+        return child.wait()
 
 
 def make_mesh(count: int, axis: str) -> Mesh | None:

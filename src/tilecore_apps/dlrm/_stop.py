@@ -10,10 +10,11 @@ the signals keep their usual effect.
 
 from __future__ import annotations
 
+import contextlib
 import signal
-import threading
 from types import FrameType, TracebackType
-from typing import Any
+
+from .._signals import handling_signals
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -23,7 +24,7 @@ class StopSignals:
 
     def __init__(self) -> None:
         self.signal: signal.Signals | None = None
-        self._previous: dict[int, Any] = {}
+        self._handlers = contextlib.ExitStack()
 
     def requested(self) -> bool:
         """Whether a stop signal arrived."""
@@ -36,13 +37,9 @@ class StopSignals:
         self.signal = signal.Signals(signum)
 
     def __enter__(self) -> StopSignals:
-        if threading.current_thread() is threading.main_thread():
-            for signum in STOP_SIGNALS:
-                self._previous[signum] = signal.signal(signum, self._handle)
+        self._handlers.enter_context(handling_signals(STOP_SIGNALS, self._handle))
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  traceback: TracebackType | None) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-        self._previous.clear()
+        self._handlers.close()
