@@ -148,11 +148,7 @@ def run_steps(step: TrainStep, state: TrainState, hooks: Hooks, *, plan: Stackin
             state = run.state
             flush()
             if done < end:  # a stop was requested: the steps in flight have finished
-                stats.stopped_at = done
-                if not stats.evals or stats.evals[-1].step != done:
-                    _evaluate(hooks, state, done, stats, bar)
-                if hooks.save is not None and done > begin:
-                    _save(hooks.save, state, done, stats, bar)
+                _stop_at(hooks, state, done, saved=done == begin, stats=stats, bar=bar)
                 break
             begin = end
             if hooks.save is not None:
@@ -161,6 +157,17 @@ def run_steps(step: TrainStep, state: TrainState, hooks: Hooks, *, plan: Stackin
     stats.timed_seconds = (time.perf_counter() - t_loop - stats.compile_seconds
                            - stats.eval_seconds - stats.checkpoint_seconds)
     return state, stats
+
+
+def _stop_at(hooks: Hooks, state: TrainState, done: int, *, saved: bool, stats: LoopStats,
+             bar: Progress) -> None:
+    """End a run stopped after global step `done`: evaluate there (unless the last
+    evaluation was) and save there (unless `saved`: the segment ran no step)."""
+    stats.stopped_at = done
+    if not stats.evals or stats.evals[-1].step != done:
+        _evaluate(hooks, state, done, stats, bar)
+    if hooks.save is not None and not saved:
+        _save(hooks.save, state, done, stats, bar)
 
 
 def _evaluate(hooks: Hooks, state: TrainState, done: int, stats: LoopStats,
