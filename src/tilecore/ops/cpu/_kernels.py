@@ -248,6 +248,16 @@ def _zero_slice(layout, slices, outputs, k, s, first, stop):
 
 
 @_jit
+def _zero_untouched(layout, slices, outputs, zeroed, first, stop):
+    """Zero each slice's rows in each SparseCore's block that no entry added to (`zeroed`
+    false: `_zero_slice` was not called for them)."""
+    for k in range(slices.shape[0]):
+        for s in range(layout[1]):
+            if not zeroed[k, s]:
+                _zero_slice(layout, slices, outputs, k, s, first, stop)
+
+
+@_jit
 def _lookup_buffers(layout, which, row_pointers, embedding_ids, sample_ids, gains, table,
                     slices, outputs, source_format, part, parts):
     """Part `part` of `parts` of the activations: stacked rows `[n·part/parts,
@@ -307,10 +317,7 @@ def _lookup_buffers(layout, which, row_pointers, embedding_ids, sample_ids, gain
                     add_scaled_from(address + s * block + sample * stride,
                                     row_address(table, base + embedding_ids[j]), gains[j],
                                     width, source_format)
-    for k in range(slices.shape[0]):
-        for s in range(layout[1]):
-            if not zeroed[k, s]:
-                _zero_slice(layout, slices, outputs, k, s, first, stop)
+    _zero_untouched(layout, slices, outputs, zeroed, first, stop)
     return 0
 
 
