@@ -42,8 +42,7 @@ def _local_positions(mesh: Mesh, axis: str) -> range:
 
 def process_rows(global_rows: int, mesh: Mesh, axis: str = DEFAULT_AXIS) -> slice:
     """The rows of a `global_rows` batch this process preprocesses."""
-    if not is_integer(global_rows) or (
-            global_rows < 0):
+    if not is_integer(global_rows) or global_rows < 0:
         raise ValueError(f"process_rows: global_rows must be an integer >= 0, got "
                          f"{global_rows!r}.")
     if axis not in mesh.shape:

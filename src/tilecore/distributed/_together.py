@@ -97,8 +97,9 @@ def agree_on(items: Mapping[str, Any], what: str, remedy: str, *, name: str,
              timeout_s: float = 300.0) -> None:
     """Check that every process calls this with equal `items` (JSON-able after
     `canonical`): a ValueError on every process naming the processes and items that
-    differ, and `remedy`; a TimeoutError naming those that did not come. Calls of one `name` pair up
-    in the order each process makes them. With one process it returns at once."""
+    differ, and `remedy`; a TimeoutError naming those that did not come. Calls of one
+    `name` pair up in the order each process makes them. With one process it returns at
+    once."""
     store, me, count = _runtime()
     if store is None or count == 1:
         return

@@ -53,8 +53,7 @@ class UpdateOptions:
 
     def __post_init__(self) -> None:
         seed = self.rounding_seed
-        if (not is_integer(seed)
-                or not 0 <= int(seed) < 2**64):
+        if not is_integer(seed) or not 0 <= int(seed) < 2**64:
             raise ValueError(f"UpdateOptions: rounding_seed must be an integer in [0, 2**64), "
                              f"got rounding_seed={seed!r}.")
         object.__setattr__(self, "rounding_seed", int(seed))

@@ -332,8 +332,8 @@ def preprocess(
         (with minibatching: one hash bucket alone exceeds them).
     """
     weights = checked_names(plan.features, inputs, weights)
-    if not is_integer(batch_number) or not (
-            0 <= batch_number < 2**63):  # a key of the processes' agreement, alike everywhere
+    # A key of the processes' agreement, alike everywhere.
+    if not is_integer(batch_number) or not 0 <= batch_number < 2**63:
         raise ValueError(f"batch_number must be an integer in [0, 2**63), got {batch_number!r}.")
     topo = plan.topology
     layout = plan_layout(plan)

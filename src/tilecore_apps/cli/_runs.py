@@ -94,7 +94,7 @@ def _claim(path: Path) -> None:
     """Lock run directory `path` for this process (an advisory `flock` on the directory,
     until `release` or the process's end), so that two commands never write one run: a
     second gets a ValueError naming the directory. Where locks are not supported,
-    nothing is locked."""
+    nothing is locked. A file where the run keeps its checkpoints is refused first."""
     path = path.resolve()
     if path in _claimed:
         return
