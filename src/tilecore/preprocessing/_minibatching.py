@@ -72,7 +72,7 @@ class Sorted:
     speculative packing starts in the device buffer and ends in its slot.
 
     `in_slot`: the packing holds every merged entry (nothing was cut off by the end
-    of the slot, no limit exceeded); the entries were let go (`_merged` reads them
+    of the slot, no limit exceeded); the entries were let go (`_entries_of` reads them
     back). Otherwise `entries` are kept, and past a limit (the packing abandoned, a
     split certain) `bucketed` too.
     """
@@ -163,7 +163,7 @@ def pack_minibatches(
         parallel_map(lambda t: _compact(t[0], t[1], sc_per_device),
                      [(s, d) for s in stacks for d in range(s.buffers.embedding_ids.shape[0])])
         return 1, none, dict(none)
-    entries = parallel_map(lambda t: _merged(t[0], t[1], sc_per_device), tasks)
+    entries = parallel_map(lambda t: _entries_of(t[0], t[1], sc_per_device), tasks)
     if required:
         num_mb, segments = _split(tasks, entries, allow_id_dropping=allow_id_dropping,
                                   agreement=agreement, batch_number=batch_number, stats=stats,
@@ -274,24 +274,25 @@ def keep_sorted(
                   bucketed=bucketed)
 
 
-def _merged(stack: StackPacking, index: int, sc_per_device: int) -> Entries:
+def _entries_of(stack: StackPacking, index: int, sc_per_device: int) -> Entries:
     """SparseCore `index`'s entries of `stack` (pass 2, before any packing): those
-    pass 1 kept, or read back from its packing (`in_slot`), merged already. That
+    pass 1 kept (sorted, not merged), or read back from its packing (`in_slot`),
+    merged already. That
     packing stayed within the limits in every partition, hence in every minibatch,
     so pass 2 drops none of its entries (`pack_minibatches` checks it).
     """
-    entries = stack.sorted[index]
-    if entries.entries is not None:
-        return entries.entries
+    kept = stack.sorted[index]
+    if kept.entries is not None:
+        return kept.entries
     device, sc = divmod(index, sc_per_device)
     b = stack.buffers
     block = b.row_pointers.shape[1] // (NUM_BUCKETS * sc_per_device)
-    slot = slice(entries.start, entries.start + stack.slot)
-    size = int(entries.ids.sum())
+    slot = slice(kept.start, kept.start + stack.slot)
+    size = int(kept.ids.sum())
     out_entries, out_gains = allocate([((size,), np.uint64), ((size,), np.float32)])
     m = mk.unpack(b.embedding_ids[device, slot], b.sample_ids[device, slot],
                   b.gains[device, slot], b.row_pointers[device, sc * block:(sc + 1) * block],
-                  len(entries.ids), stack.keys.rowbits, out_entries, out_gains)
+                  len(kept.ids), stack.keys.rowbits, out_entries, out_gains)
     assert m == size, f"read {m} entries back from a slot of {size}"
     return Entries(out_entries, out_gains, True, _NO_GAINS, SUM)
 
