@@ -432,9 +432,9 @@ def test_untriggered_buffers_match_oracle_layout(sc: int, devices: int, skewed: 
     need = int(stats.required_buffer_size_per_sc["t"].sum(1).max())
     plan = plan.with_stack_limits("t", suggested_coo_buffer_size_per_device=need)
     merges = []
-    real_merge = _minibatching._merged
+    real_merge = _minibatching._entries_of
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_minibatching, "_merged", lambda *a: merges.append(1) or real_merge(*a))
+        patch.setattr(_minibatching, "_entries_of", lambda *a: merges.append(1) or real_merge(*a))
         out, stats = tc.preprocess(plan, inputs, weights, num_threads=threads)
     assert out.num_minibatches == 1 and stats.dropped_ids == 0
     slot = plan.stacks["t"].suggested_coo_buffer_size_per_device
