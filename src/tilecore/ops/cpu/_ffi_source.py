@@ -35,6 +35,18 @@ VARIADIC_GROUPS = {"operands": (_CF_ARGS, 1), "results": (_CF_RETS, 2)}
 """A variadic group's call-frame offset and its code for `_prologue`."""
 
 
+def _int(value: int | str) -> str:
+    """`value` as the source of a plain int64 argument to a call-frame helper.
+
+    numba compiles a jitted function once for each combination of literal integers it is
+    called with (`_buffer(frame, 56, 3)` and `_buffer(frame, 56, 4)` are two compiles), and
+    the generated handlers pass a constant for every buffer, dtype code, rank and axis: a
+    15-buffer handler compiled `_buffer` 15 times, ~0.1 s each. `np.int64(3)` is typed
+    int64, so each helper compiles once per process.
+    """
+    return f"np.int64({value})"
+
+
 def handler_source(name: str, args: Signature, rets: Signature, split: bool = False,
                    task_symbol: str = "", cache: bool = True, variadic: str | None = None
                    ) -> str:
@@ -48,8 +60,8 @@ def handler_source(name: str, args: Signature, rets: Signature, split: bool = Fa
     fixed_rets = list(rets[:-1]) if variadic == "results" else list(rets)
     code = VARIADIC_GROUPS[variadic][1] if variadic else 0
     head = ["def handler(frame):",
-            f"    status = _prologue(frame, {len(fixed_args) + (variadic == 'operands')}, "
-            f"{len(fixed_rets) + (variadic == 'results')}, {code})",
+            f"    status = _prologue(frame, {_int(len(fixed_args) + (variadic == 'operands'))}, "
+            f"{_int(len(fixed_rets) + (variadic == 'results'))}, {_int(code)})",
             "    if status != _RUN:",
             "        return status",
             "    api = _load_i64(frame + _CF_API)"]
@@ -84,8 +96,8 @@ def _variadic_checks(name: str, group: int, label: str, first: int,
                f"array of rank {ndim}")
     return [f"    nvar = _load_i64(frame + {group} + _BUFS_N) - {first}",
             "    for i in range(nvar):",
-            f"        if not _buffer_ok(_buffer(frame, {group}, {first} + i), "
-            f"{_DTYPE_CODES[dtype]}, {ndim}):",
+            f"        if not _buffer_ok(_buffer(frame, {_int(group)}, {first} + i), "
+            f"{_int(_DTYPE_CODES[dtype])}, {_int(ndim)}):",
             f"            return _make_error(api, {_ERR_INVALID_ARGUMENT}, {message!r})"]
 
 
@@ -93,7 +105,7 @@ def _variadic_table(group: int, first: int, ndim: int) -> list[str]:
     """The serial handler's table `vt` of the variadic buffers (address, then dimensions)."""
     return [f"    vt = np.empty((nvar, {1 + ndim}), np.int64)",
             "    for i in range(nvar):",
-            f"        b = _buffer(frame, {group}, {first} + i)",
+            f"        b = _buffer(frame, {_int(group)}, {first} + i)",
             "        vt[i, 0] = _load_i64(b + _BUF_DATA)",
             f"        for axis in range({ndim}):",
             "            vt[i, 1 + axis] = _dim(b, axis)"]
@@ -105,7 +117,7 @@ def _variadic_stores(group: int, word: int, first: int, ndim: int) -> list[str]:
     width = 1 + ndim
     return [f"    _store_i64(state + {8 * word}, nvar)",
             "    for i in range(nvar):",
-            f"        b = _buffer(frame, {group}, {first} + i)",
+            f"        b = _buffer(frame, {_int(group)}, {first} + i)",
             f"        _store_i64(state + {8 * (word + 1)} + {8 * width} * i, "
             "_load_i64(b + _BUF_DATA))",
             f"        for axis in range({ndim}):",
@@ -127,14 +139,15 @@ def _buffers(name: str, args: Signature, rets: Signature
             buffer, view = f"{label[0]}{i}", f"v{len(names)}"
             message = f"{name}: {label} {i} must be a {dtype.name} array of rank {ndim}"
             element = "uint16" if dtype in _HALF_FLOATS else dtype.name
-            shape = ", ".join(f"_dim({buffer}, {axis})" for axis in range(ndim))
-            checks += [f"    {buffer} = _buffer(frame, {group}, {i})",
-                       f"    if not _buffer_ok({buffer}, {_DTYPE_CODES[dtype]}, {ndim}):",
+            shape = ", ".join(f"_dim({buffer}, {_int(axis)})" for axis in range(ndim))
+            checks += [f"    {buffer} = _buffer(frame, {_int(group)}, {_int(i)})",
+                       f"    if not _buffer_ok({buffer}, {_int(_DTYPE_CODES[dtype])}, "
+                       f"{_int(ndim)}):",
                        f"        return _make_error(api, {_ERR_INVALID_ARGUMENT}, {message!r})"]
             views.append(f"    {view} = numba.carray(_data({buffer}), ({shape},), np.{element})")
             word = _SPLIT_HEADER + len(stores)
             stores += [f"_load_i64({buffer} + _BUF_DATA)",
-                       *(f"_dim({buffer}, {axis})" for axis in range(ndim))]
+                       *(f"_dim({buffer}, {_int(axis)})" for axis in range(ndim))]
             dims = ", ".join(f"_load_i64(state + {8 * (word + 1 + axis)})" for axis in range(ndim))
             task_views.append(f"    {view} = numba.carray(_voidptr(_load_i64(state + {8 * word})),"
                               f" ({dims},), np.{element})")
@@ -159,7 +172,7 @@ def _serial_call(name: str, every: str) -> list[str]:
 def _split_call(name: str, stores: list[str], words: int | str, task_symbol: str,
                 more: Sequence[str] = ()) -> list[str]:
     return ["    ctx = _load_i64(frame + _CF_CTX)",
-            f"    state, parts = _split_begin(api, ctx, {words})",
+            f"    state, parts = _split_begin(api, ctx, {_int(words)})",
             "    if state == 0:",
             f"        return _make_error(api, {_ERR_INTERNAL}, "
             f"{name + ': no memory for the state of a split call'!r})",
