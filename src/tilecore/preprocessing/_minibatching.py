@@ -22,6 +22,7 @@ row pointers absolute.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -38,8 +39,16 @@ from ._packed import FILLER_GAIN, FILLER_ID, align_up
 from ._scratch import detach, scratch
 from ._types import PreprocessStats, StackBuffers
 
-_BUCKET_STATE = np.array(bucket_state(), np.uint64)
 _NO_GAINS = np.zeros(0, np.float32)
+
+
+@functools.cache
+def _bucket_state() -> np.ndarray:
+    """The bucket hash's state after its key, made on first use: it is a numba call, and
+    the first one in a process costs numba's start-up (0.3 to 0.5 s), which a process
+    that imports tilecore and never minibatches (`tilecore --help`, a checkpoint export)
+    need not pay."""
+    return np.array(bucket_state(), np.uint64)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -311,7 +320,7 @@ def _bucketize(keys: StackKeys, entries: Entries, num_partitions: int) -> Bucket
     (row_buckets,) = allocate([((size,), np.uint8)])
     counts = np.zeros((2, num_partitions, NUM_BUCKETS), np.int64)
     rows = mk.bucketize(
-        entries.entries, keys.rowbits, keys.log2n, _BUCKET_STATE, bucket_memo(keys.vocab_size),
+        entries.entries, keys.rowbits, keys.log2n, _bucket_state(), bucket_memo(keys.vocab_size),
         *(scratch(name, size, np.int64)
           for name in ("bucket_cols", "row_counts", "misses", "miss_cols", "miss_buckets")),
         row_buckets, counts[0], counts[1])
