@@ -461,3 +461,83 @@ def test_handler_cache_key_covers_the_helpers_a_kernel_calls() -> None:
     for helper in (_kernels._buffer_entries, _kernels.entry_in_range, _kernels._aggregate,
                    _segments.next_row, _packed.run_bounds):
         assert "numba" in Path(inspect.getfile(helper.py_func)).read_text(), helper
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "directory"])
+def test_a_damaged_generated_module_is_written_again(tmp_path: Path, damage: str) -> None:
+    """The generated handler and fused-update modules are named by a digest of their
+    source, so other text there is damage: it failed every later import (a bare
+    AttributeError or FileExistsError); it is now replaced, saying so."""
+    path = tmp_path / "kernel_0123.py"
+    source = "x = 1\n" * 50
+    _ffi.write_source(path, source)
+    assert path.read_text() == source
+    if damage == "directory":
+        path.unlink()
+        (path / "inside").mkdir(parents=True)
+    else:
+        path.write_text(source[: len(source) // 2] if damage == "truncated" else "")
+    with pytest.warns(RuntimeWarning, match=r"kernel_0123\.py is damaged; writing it again"):
+        _ffi.write_source(path, source)
+    assert path.read_text() == source
+    _ffi.write_source(path, source)  # intact: nothing to say
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_threads_taking_a_rules_kernels_at_once_load_them_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Threads making their first update at once: one generated and imported the rule's
+    module while the others took it half-run from `sys.modules` (AttributeError: no
+    `update_buffers`). Loading is one thread at a time, and a failed load leaves nothing
+    behind."""
+    import threading
+
+    from tilecore.ops.cpu import _fused_update
+
+    inside, most, calls = [0], [0], []
+
+    def register(rule: object, dtype: object) -> object:
+        inside[0] += 1
+        most[0] = max(most[0], inside[0])
+        time.sleep(0.05)
+        calls.append(rule)
+        inside[0] -= 1
+        return ("kernels of", rule)
+
+    monkeypatch.setattr(_fused_update, "_register", register)
+    monkeypatch.setattr(_fused_update, "_KERNELS", {})
+    got: list[object] = []
+    threads = [threading.Thread(target=lambda: got.append(
+        _fused_update._kernels_for("rule", np.dtype(np.float32))))  # type: ignore[arg-type]
+        for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert most[0] == 1 and calls == ["rule"] and got == [("kernels of", "rule")] * 4
+
+    import types as pytypes
+
+    def fails() -> None:
+        raise SyntaxError("truncated")
+
+    with pytest.raises(SyntaxError):
+        _fused_update._run(pytypes.ModuleType("_tilecore_fused_test"), fails)
+    assert "_tilecore_fused_test" not in sys.modules
+
+
+def test_auto_says_when_the_cpu_kernels_are_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the probe fails, auto takes XLA's kernels (several times slower): it said
+    nothing, so a damaged kernel cache slowed every later process in silence."""
+    from tilecore.ops import _backend
+    from tilecore.ops import cpu as cpu_wing
+
+    monkeypatch.delenv("TILECORE_KERNELS", raising=False)
+    monkeypatch.setattr(cpu_wing, "unavailable_reason", lambda: "the probe failed: test")
+    _backend.wing.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match=r"CPU kernels are unavailable \(the probe "
+                                                 r"failed: test\); the device ops use XLA's"):
+            assert _backend.wing().name == "xla"
+    finally:
+        _backend.wing.cache_clear()

@@ -151,3 +151,64 @@ def test_the_stamp_covers_numba_modules_only(tmp_path: Path) -> None:
     assert stamp({**base, "c.py": "x = 2\n"}) == first  # no numba code: not part of it
     assert stamp({**base, "sub/b.py": "from numba import njit  # edited\n"}) != first
     assert stamp({**base, "d.py": "import numba as nb\n"}) != first  # a new numba module
+
+
+HEALED = textwrap.dedent("""
+    import json, warnings
+    from tilecore._numba import cfunc, njit
+
+
+    @njit(cache=True)
+    def triple(x):
+        return x * 3
+
+
+    @cfunc("int64(int64)", cache=True)
+    def add_one(x):
+        return x + 1
+
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        value = triple(4)
+    print(json.dumps({"values": [value, add_one.ctypes(4)],
+                      "warnings": [str(w.message) for w in seen]}))
+""")
+
+
+@pytest.mark.parametrize("damage", [b"", b"\x80\x05garbage" * 10])
+def test_a_damaged_cache_entry_is_compiled_and_written_again(tmp_path: Path,
+                                                             damage: bytes) -> None:
+    """A truncated or overwritten index of numba's cache raised an UnpicklingError from
+    deep inside numba in every later process (and turned the CPU kernels off through the
+    wing's probe): now the entry is dropped with a warning naming it, compiled and written
+    again, and the next process loads it."""
+    (tmp_path / "healed_module.py").write_text(HEALED)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]),
+               NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+
+    stderr = []
+
+    def run() -> dict[str, list[object]]:
+        done = subprocess.run([sys.executable, "-c", "import healed_module"], env=env,
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                              check=False)
+        assert done.returncode == 0, done.stderr
+        stderr.append(done.stderr)
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    assert run() == {"values": [12, 5], "warnings": []}  # compiled and written
+    indexes = sorted((tmp_path / "cache").rglob("*.nbi"))
+    assert len(indexes) == 2
+    for index in indexes:
+        index.write_bytes(damage)
+    first = run()
+    assert first["values"] == [12, 5]
+    # The cfunc compiles at import, before the module records warnings: its warning goes
+    # to stderr; the njit function's is recorded.
+    assert len(first["warnings"]) == 1
+    assert "cannot be loaded" in str(first["warnings"][0]) and "triple" in str(
+        first["warnings"][0])
+    assert "cannot be loaded" in stderr[1] and "add_one" in stderr[1]
+    assert run() == {"values": [12, 5], "warnings": []}  # written again, loaded
+    assert "cannot be loaded" not in stderr[2]

@@ -17,6 +17,12 @@ helper in another module changed (say `ops/cpu/_vector.py` after a `git pull`) l
 old machine code, silently. So every cached tilecore function is stamped with the
 sources of all of tilecore's numba code (`source_stamp`): a change to any of them
 compiles every kernel again, once.
+
+A damaged cache entry (a truncated or overwritten index or machine-code file) made
+numba raise from deep inside its unpickler, in every later process, and through the
+CPU wing's probe it silently switched the process to the slower XLA kernels. A cached
+function's entry that cannot be loaded is now dropped with a warning naming its file,
+and compiled and written again (`heal_cache`).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import functools
 import hashlib
 import os
 import pathlib
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -48,10 +55,57 @@ def njit(**options: Any) -> Callable[[Callable[..., Any]], Any]:
         dispatcher = decorate(func)
         if options.get("cache"):
             _stamp_with_sources(dispatcher)
+            heal_cache(dispatcher)
             _compile_once(dispatcher)
         return dispatcher
 
     return wrap
+
+
+def cfunc(signature: Any, cache: bool = False) -> Callable[[Callable[..., Any]], Any]:
+    """`numba.cfunc(signature, cache=cache)` (compiled at once, as numba's is), whose cache
+    entry is healed when damaged (`heal_cache`)."""
+    from numba.core.ccallback import CFunc
+
+    def wrap(func: Callable[..., Any]) -> Any:
+        compiled = CFunc(func, sigutils.normalize_signature(signature), locals={}, options={})
+        if cache:
+            compiled.enable_caching()
+            heal_cache(compiled)
+        compiled.compile()
+        return compiled
+
+    return wrap
+
+
+def heal_cache(compiled: Any) -> None:
+    """Make a cache entry of `compiled` (a numba dispatcher or cfunc with its cache on)
+    that cannot be loaded a miss: warn naming the entry's index file, remove the index
+    (numba finds its machine-code files through it, and merges a new entry into it, so a
+    damaged one would fail the save too), and let numba compile and write it again.
+
+    Uses numba internals (`_cache.load_overload`, `_cache_file._index_path`); a numba
+    without them keeps its own behaviour.
+    """
+    cache = getattr(compiled, "_cache", None)
+    load = getattr(cache, "load_overload", None)
+    index = getattr(getattr(cache, "_cache_file", None), "_index_path", None)
+    if cache is None or load is None or index is None:
+        return
+
+    def load_overload(sig: Any, target_context: Any) -> Any:
+        try:
+            return load(sig, target_context)
+        except Exception as error:  # any damage: unpickling, truncation, bad machine code
+            warnings.warn(
+                f"tilecore: the cached machine code in {index} cannot be loaded "
+                f"({type(error).__name__}: {error}); removing it and compiling again.",
+                RuntimeWarning, stacklevel=2)
+            with contextlib.suppress(OSError):
+                os.remove(index)
+            return None
+
+    cache.load_overload = load_overload
 
 
 @contextlib.contextmanager

@@ -13,7 +13,7 @@ device, as a `Wing`:
 
 `wing()` decides once per process ($TILECORE_KERNELS: auto, ffi, xla, pallas or
 pallas-interpret; auto takes the CPU wing on the CPU backend when its FFI probe
-passes, else XLA's, and never the Pallas wing, whose training step measured 6x slower
+passes, else XLA's with a warning saying why, and never the Pallas wing, whose training step measured 6x slower
 than XLA's on an NVIDIA H200 at batch 4096, 23x at 65536). Public functions take no
 backend flags. The numpy oracle in `tilecore.testing` is the contract every wing meets;
 the tests run every wing against it (the Pallas kernels interpreted, on CPU).
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Callable
 from functools import cache
 from typing import Any
@@ -98,6 +99,10 @@ def wing() -> Wing:
         if reason is not None and choice == "ffi":
             raise RuntimeError(
                 f"${KERNELS_ENV}=ffi but the CPU kernels are unavailable: {reason}")
+        if reason is not None:  # said, not silent: XLA's kernels are several times slower
+            warnings.warn(f"tilecore: the CPU kernels are unavailable ({reason}); the device "
+                          f"ops use XLA's. Set ${KERNELS_ENV}=xla to choose them and silence "
+                          "this.", RuntimeWarning, stacklevel=2)
     _check_same_choice_as_peers("ffi" if reason is None else f"xla ({reason})")
     if reason is None:
         from .cpu import WING as CPU

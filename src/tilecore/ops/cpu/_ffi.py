@@ -41,9 +41,11 @@ import importlib.util
 import inspect
 import os
 import pathlib
+import shutil
 import sys
 import tempfile
 import threading
+import warnings
 from collections.abc import Callable, Sequence
 from functools import cache
 from typing import Any
@@ -55,6 +57,7 @@ from llvmlite import binding as llvm_binding
 from numba import types
 from numpy.typing import DTypeLike
 
+from ..._numba import cfunc as _cfunc  # noqa: F401  (generated handlers use it)
 from ..._numba import compile_lock, njit, source_stamp
 from ._ffi_abi import (  # noqa: F401  (generated handlers use these names)
     _API_ERROR_CREATE,
@@ -203,15 +206,12 @@ def _compiled_handler(name: str, kernel: Any, args: Signature, rets: Signature,
         " and not k.startswith('__')})\n"
         f"from {py_func.__module__} import {py_func.__name__} as _kernel\n\n"
     )
-    source = header + body + "\n\nhandler = numba.cfunc(types.int64(types.int64), cache=True)(handler)\n"
+    source = header + body + "\n\nhandler = _cfunc(types.int64(types.int64), cache=True)(handler)\n"
     digest = hashlib.sha256("\0".join([
         source, *_kernel_sources(py_func), numba.__version__, jax.__version__]
     ).encode()).hexdigest()[:16]
     path = directory / f"{name}_{digest}.py"
-    if not path.exists():  # written atomically: concurrent processes may race here
-        with tempfile.NamedTemporaryFile("w", dir=directory, suffix=".tmp", delete=False) as f:
-            f.write(source)
-        os.replace(f.name, path)
+    write_source(path, source)
     spec = importlib.util.spec_from_file_location(f"_tilecore_ffi_{name}_{digest}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -221,6 +221,32 @@ def _compiled_handler(name: str, kernel: Any, args: Signature, rets: Signature,
     if split:
         _TASK_CELLS[name].value = module.task.address
     return module.handler
+
+
+def write_source(path: pathlib.Path, source: str) -> None:
+    """Make the generated module `path` in the cache directory hold `source`.
+
+    Its name is a digest of `source`, so a file there with other text is damage (a
+    truncated or emptied file, a directory in its place): it is replaced, saying so,
+    where importing it failed in every later process. Written atomically: concurrent
+    processes may race here.
+    """
+    try:
+        if path.read_text() == source:
+            return
+        damaged = True
+    except FileNotFoundError:
+        damaged = False
+    except (OSError, UnicodeDecodeError):
+        damaged = True
+    if damaged:
+        warnings.warn(f"tilecore: the generated kernel module {path} is damaged; writing it "
+                      "again.", RuntimeWarning, stacklevel=3)
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as f:
+        f.write(source)
+    os.replace(f.name, path)
 
 
 class FfiKernel:

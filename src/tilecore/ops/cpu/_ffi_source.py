@@ -204,6 +204,6 @@ def _task(every: str, task_views: list[str], cache: bool) -> list[str]:
             "    _split_release(state)",
             "",
             "",
-            f"task = numba.cfunc(types.void(types.int64), cache={cache})(task)",
+            f"task = _cfunc(types.void(types.int64), cache={cache})(task)",
             "",
             ""]

@@ -18,12 +18,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib.util
-import pathlib
 import sys
-import tempfile
+import threading
 import types
 from collections.abc import Sequence
-from functools import cache
 from typing import Any
 
 import jax
@@ -39,7 +37,7 @@ from .._layout import StackLayout
 from .._rounding import Rounding
 from .._variables import EmbeddingVariables
 from . import _kernels
-from ._ffi import FfiKernel, _cache_dir, register_kernel
+from ._ffi import FfiKernel, _cache_dir, register_kernel, write_source
 from ._rule_source import RuleSource, hyper_kind, rule_source
 from ._vector import TABLE_FORMATS
 
@@ -176,35 +174,61 @@ def _fingerprint(text: str) -> str:
 
 
 def _load(rule: RuleSource, half: bool) -> types.ModuleType:
-    """Import the generated module of `rule` (from the cache directory when writable)."""
+    """Import the generated module of `rule` (from the cache directory when writable).
+
+    Called under `_LOADING`: the module is in `sys.modules` while it runs (numba finds a
+    cached function's module there), and a second thread must not take it half-run.
+    """
     digest = _fingerprint(_module_source(rule, cached=True, half=half))
     name = f"_tilecore_fused_{digest}"
     if name in sys.modules:
         return sys.modules[name]
     directory = _cache_dir()
+    module = types.ModuleType(name)
     if directory is None:
-        module = types.ModuleType(name)
-        sys.modules[name] = module
-        exec(compile(_module_source(rule, cached=False, half=half), f"<{name}>", "exec"),
-             module.__dict__)
-        return module
+        code = compile(_module_source(rule, cached=False, half=half), f"<{name}>", "exec")
+        return _run(module, lambda: exec(code, module.__dict__))
     folder = directory / f"fused_{digest}"  # its own folder: the FFI cache key hashes siblings
+    if folder.exists() and not folder.is_dir():
+        folder.unlink()  # damage in tilecore's own cache: a file where its folder goes
     folder.mkdir(exist_ok=True)
     path = folder / "kernels.py"
-    if not path.exists():  # written atomically: concurrent processes may race here
-        with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".tmp", delete=False) as f:
-            f.write(_module_source(rule, cached=True, half=half))
-        pathlib.Path(f.name).replace(path)
+    write_source(path, _module_source(rule, cached=True, half=half))
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
+    loader = spec.loader
+    return _run(module, lambda: loader.exec_module(module))
+
+
+def _run(module: types.ModuleType, execute: Any) -> types.ModuleType:
+    """`module` after `execute()` runs it, in `sys.modules` meanwhile; removed again if
+    it raises, so that the next call starts afresh."""
+    sys.modules[module.__name__] = module
+    try:
+        execute()
+    except BaseException:
+        sys.modules.pop(module.__name__, None)
+        raise
     return module
 
 
-@cache
+_LOADING = threading.Lock()
+"""Held while a rule's kernels are generated, imported and registered (`_kernels_for`)."""
+
+
 def _kernels_for(rule: RuleSource, dtype: np.dtype) -> FusedKernels:
+    with _LOADING:
+        key = (rule, dtype)
+        if key not in _KERNELS:
+            _KERNELS[key] = _register(rule, dtype)
+        return _KERNELS[key]
+
+
+_KERNELS: dict[tuple[RuleSource, np.dtype], FusedKernels] = {}
+
+
+def _register(rule: RuleSource, dtype: np.dtype) -> FusedKernels:
     module = _load(rule, half=dtype != np.float32)
     digest = module.__name__.rsplit("_", 1)[-1]
     digest += TABLE_FORMATS[dtype][0]
