@@ -257,6 +257,10 @@ def test_choice_of_side() -> None:
         batch, _ = ops.preprocess_batch(plan.with_config(allow_id_dropping=True), inputs, weights,
                                         preprocess_on="device")
     assert isinstance(batch.stacks[next(iter(plan.stacks))].gains, jax.Array)
+    for bad in (0, -5, "x"):  # the host's setting, refused on the device side too
+        with pytest.raises(ValueError, match="num_threads must be an integer >= 1"):
+            ops.preprocess_batch(plan, inputs, weights, preprocess_on="device",
+                                 num_threads=bad)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("row_bits", [7, 31])

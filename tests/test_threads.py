@@ -28,3 +28,26 @@ def test_explicit_and_environment_settings_are_kept(monkeypatch: pytest.MonkeyPa
         resolve_num_threads(None)
     with pytest.raises(ValueError, match="num_threads must be an integer >= 1, got 0"):
         resolve_num_threads(0)
+
+
+def test_pools_of_sizes_no_longer_asked_for_end_their_threads() -> None:
+    """A pool per thread count was kept for ever: a program that asked for 2..399 threads
+    kept 982 idle threads. The most recent few sizes are kept; the others' threads end."""
+    import gc
+    import threading
+    import time
+
+    from tilecore.preprocessing import _threads
+
+    def alive() -> int:
+        return sum(t.name.startswith("tilecore") for t in threading.enumerate())
+
+    for n in range(2, 40):
+        assert list(_threads.pool(n).map(abs, range(-n, 0))) == list(range(n, 0, -1))
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while alive() > sum(_threads._pools) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(_threads._pools) == _threads.KEPT_POOLS
+    assert alive() <= sum(_threads._pools)  # 36..39 at most, not the 740 started
+    assert _threads.pool(39) is _threads.pool(39)

@@ -15,7 +15,13 @@ from typing import Any, Literal
 import jax
 import numpy as np
 
-from ..preprocessing import PreprocessedBatch, PreprocessStats, StackBuffers, preprocess
+from ..preprocessing import (
+    PreprocessedBatch,
+    PreprocessStats,
+    StackBuffers,
+    preprocess,
+    resolve_num_threads,
+)
 from ..preprocessing._flat import FlatFeature, explain_input_error, flatten
 from ..preprocessing._layout import plan_layout
 from ..preprocessing._preprocess import FeatureInput, check_counts
@@ -136,7 +142,10 @@ def preprocess_batch(
 ) -> tuple[PreprocessedBatch, PreprocessStats]:
     """One batch packed where `preprocess_on` says (`resolve_preprocess_on`): the same
     result either way, numpy arrays from the host, JAX arrays from the device.
-    `num_threads` is the host path's."""
+    `num_threads` is the host path's, checked on either (a program that runs both must
+    not find its bad value only when it moves to the host)."""
+    if num_threads is not None:
+        resolve_num_threads(num_threads)
     if resolve_preprocess_on(preprocess_on, plan) == "device":
         return preprocess_on_device(plan, inputs, weights)
     return preprocess(plan, inputs, weights, num_threads=num_threads)

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import collections
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 NUM_THREADS_ENV = "TILECORE_NUM_THREADS"
 
-_pools: dict[int, ThreadPoolExecutor] = {}
+KEPT_POOLS = 4
+"""Pools of this many sizes are kept, the most recently asked for: a program that asked
+for hundreds of thread counts kept a pool, and its idle threads, for each."""
+
+_pools: collections.OrderedDict[int, ThreadPoolExecutor] = collections.OrderedDict()
+_pools_lock = threading.Lock()
 
 
 MIN_IDS_PER_THREAD = 1 << 16
@@ -42,7 +49,15 @@ def resolve_num_threads(num_threads: int | None, *, max_ids: int | None = None) 
 
 
 def pool(num_threads: int) -> ThreadPoolExecutor:
-    """A process-wide pool of `num_threads` workers (created once per size)."""
-    if num_threads not in _pools:
-        _pools[num_threads] = ThreadPoolExecutor(num_threads, thread_name_prefix="tilecore")
-    return _pools[num_threads]
+    """A process-wide pool of `num_threads` workers (created once per size; a pool no
+    longer kept ends its threads once no caller holds it, as an unreferenced
+    `ThreadPoolExecutor` does)."""
+    with _pools_lock:
+        executor = _pools.get(num_threads)
+        if executor is None:
+            executor = _pools[num_threads] = ThreadPoolExecutor(
+                num_threads, thread_name_prefix="tilecore")
+        _pools.move_to_end(num_threads)
+        while len(_pools) > KEPT_POOLS:
+            _pools.popitem(last=False)
+        return executor
