@@ -177,7 +177,7 @@ def test_limits_drop_and_raise_as_on_the_host() -> None:
 
 
 @pytest.mark.parametrize("damage", ["id_too_large", "negative_id", "nan_weight", "zero_sum",
-                                    "int64_id"])
+                                    "overflowing_sum", "int64_id"])
 def test_invalid_inputs_raise_the_host_error(damage: str) -> None:
     plan = PLANS["1x4"].with_config(allow_id_dropping=True)
     inputs, weights = _inputs(plan, 5, empty=0.0, duplicates=0.0, zipf=False, dense=False)
@@ -186,6 +186,9 @@ def test_invalid_inputs_raise_the_host_error(damage: str) -> None:
         r = int(np.argmax(np.diff(f1.row_splits) >= 2))
         a, b = f1.row_splits[r], f1.row_splits[r + 1]
         weights["f1"][a:b] = [1.0, -1.0] * ((b - a) // 2) + [0.0] * ((b - a) % 2)
+    elif damage == "overflowing_sum":  # Σw of a mean feature's row past float32's max
+        r = int(np.argmax(np.diff(f1.row_splits) >= 2))
+        weights["f1"][f1.row_splits[r]:f1.row_splits[r + 1]] = 3e38
     elif damage == "nan_weight":
         weights["f2"][7] = np.nan
     else:

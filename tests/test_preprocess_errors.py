@@ -187,6 +187,19 @@ def test_weights_summing_to_zero(combiner: str) -> None:
         tc.preprocess(make_plan(combiner), {"feat": GOOD}, {"feat": weights})
 
 
+@pytest.mark.parametrize(("combiner", "row"), [("mean", [1.0, 3e38, 3e38]),
+                                               ("sqrtn", [2e19, 1.0, 1.0])])
+def test_finite_weights_whose_sum_overflows(combiner: str, row: list[float]) -> None:
+    """Σw (mean) or Σw² (sqrtn) past float32's max made every gain of the row 0: its
+    activation was zeros, in silence."""
+    weights = np.ones((4, 3))
+    weights[1] = row
+    message = (f"Feature 'feat': the weights of row 1 (largest magnitude {max(row):g}) overflow "
+               f"float32 when the '{combiner}' combiner of table 'tab'")
+    with pytest.raises(ValueError, match=re.escape(message)):
+        tc.preprocess(make_plan(combiner), {"feat": GOOD}, {"feat": weights})
+
+
 def test_zero_weights_are_fine_for_sum_and_for_empty_rows() -> None:
     tc.preprocess(make_plan("sum"), {"feat": GOOD}, {"feat": np.zeros((4, 3))})
     ragged = tc.Ragged(np.array([1, 2]), np.array([0, 1, 1, 2, 2]), np.ones(2, np.float32))

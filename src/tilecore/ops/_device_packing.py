@@ -101,7 +101,8 @@ def _feature_entries(st: StackStatic, f: FeatureStatic, ids: jax.Array, splits: 
             gain = weights
         else:
             total = _row_sums(st.combiner, weights, splits[:-1], lengths)
-            bad = bad | (valid & (total == 0)[row])  # a row with an ID is not empty
+            # A row with an ID is not empty; a sum past float32's max leaves no gain.
+            bad = bad | (valid & ((total == 0) | ~jnp.isfinite(total))[row])
             scale = total if st.combiner == MEAN else _sqrt(total)
             gain = _divide(weights, scale[row])
     return slice_, part.astype(_I32), local_row.astype(_I32), sample, gain, bad

@@ -23,7 +23,7 @@ SUM, MEAN, SQRTN = 0, 1, 2
 SAMPLE_BITS = 26
 
 # Error codes returned by `stage` (the offending position is returned beside).
-OK, BAD_WEIGHT, ZERO_WEIGHT_SUM = 0, 2, 3
+OK, BAD_WEIGHT, ZERO_WEIGHT_SUM, INFINITE_WEIGHT_SUM = 0, 2, 3, 4
 
 _jit = njit(nogil=True, cache=True, error_model="numpy")
 
@@ -151,6 +151,8 @@ def _stage_weighted(values, splits, weights, r0, r1, sample_base, shift, col_off
         if combiner != SUM and e > s:
             if total == 0:
                 return ZERO_WEIGHT_SUM, r
+            if not np.isfinite(total):  # finite weights whose Σw or Σw² passes float32's max
+                return INFINITE_WEIGHT_SUM, r
             scale = total if combiner == MEAN else np.float32(np.sqrt(total))
         for i in range(s, e):
             pos = _place(values[i], sample, shift, col_offset, log2n, rowbits, digit_bits,

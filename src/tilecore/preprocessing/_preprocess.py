@@ -210,6 +210,16 @@ def _raise_input_error(code: int, feature: FeatureSpec, csr: Csr, where: int) ->
             f"{table.combiner!r} combiner of table {table.name!r} cannot normalise them. "
             "Give the row non-zero weights, drop it, or use the 'sum' combiner."
         )
+    if code == k.INFINITE_WEIGHT_SUM:
+        assert csr.weights is not None
+        row_weights = csr.weights[csr.splits[where]:csr.splits[where + 1]]
+        summed = "sums their squares" if table.combiner == "sqrtn" else "sums them"
+        raise ValueError(
+            f"Feature {feature.name!r}: the weights of row {where} (largest magnitude "
+            f"{np.max(np.abs(row_weights)):g}) overflow float32 when the {table.combiner!r} "
+            f"combiner of table {table.name!r} {summed}, so it cannot normalise them (every "
+            "gain would be 0). Scale the row's weights down."
+        )
     row = int(np.searchsorted(csr.splits, where, side="right") - 1)
     if code == k.BAD_WEIGHT:
         assert csr.weights is not None
