@@ -92,6 +92,26 @@ def test_restore_into_another_dtype_converts(tmp_path: Path, saved: Any, wanted:
     np.testing.assert_array_equal(_tables(target, restored)["a"], want)
 
 
+@pytest.mark.parametrize(("saved", "wanted", "value"), [(jnp.float32, jnp.float16, 1e5),
+                                                         (jnp.float32, jnp.bfloat16, 3.4e38),
+                                                         (jnp.bfloat16, jnp.float16, 1e30)])
+def test_restore_into_a_dtype_too_narrow_for_the_values_is_refused(
+        tmp_path: Path, saved: Any, wanted: Any, value: float) -> None:
+    """Values the narrower dtype cannot hold became inf (float16 with numpy's anonymous
+    overflow warning, bfloat16 in silence)."""
+    plan = _plan(2, a=saved)
+    variables = _variables(plan)
+    stack = plan.table_settings["a"].stack_name
+    table = np.asarray(variables[stack].table).copy()
+    table[3, 2] = value
+    variables[stack] = ops.EmbeddingVariables(jnp.asarray(table), variables[stack].slots)
+    ck.save(tmp_path, plan, variables, step=0)
+    with pytest.raises(ValueError, match=rf"Table 'a': 1 of its values do not fit its stack's "
+                                         rf"weights_dtype {np.dtype(wanted).name} .* would "
+                                         r"become inf"):
+        ck.restore(tmp_path, _plan(2, a=wanted))
+
+
 def test_export_tables_is_float32(tmp_path: Path) -> None:
     plan = _plan(2)
     variables = _variables(plan)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -134,7 +134,8 @@ def shard_variables(
 
     Padding gets 0.0 in tables and the optimizer's initial value in slots. Tables
     are stored in their stack's `weights_dtype` (a float32 table given for a
-    half-precision stack is rounded to nearest), slots in float32.
+    half-precision stack is rounded to nearest), slots in float32. Raises ValueError
+    when a table holds finite values its stack's dtype cannot (they would become inf).
     """
     sharding = table_sharding(plan, mesh, axis)
     missing = sorted(set(plan.tables) - set(tables))
@@ -150,6 +151,8 @@ def shard_variables(
                     f"Table {t!r}: {len(tables[t].slots)} slot arrays given, but its optimizer "
                     f"{type(spec.optimizer).__name__} has slots {spec.optimizer.slot_names}."
                 )
+        for t in spec.table_names:
+            _check_fits(t, tables[t].table, spec.weights_dtype)
         table = shard(sub, {t: tables[t].table for t in spec.table_names}, fill=TABLE_FILL)[name]
         slots = tuple(
             place(shard(sub, {t: tables[t].slots[i] for t in spec.table_names}, fill=value)[name],
@@ -158,3 +161,21 @@ def shard_variables(
         )
         out[name] = EmbeddingVariables(place(table.astype(spec.weights_dtype), sharding), slots)
     return out
+
+
+def _check_fits(name: str, table: Any, dtype: np.dtype) -> None:
+    """Raise ValueError naming table `name` when storing it as `dtype` would turn finite
+    values into infinities (a float32 table restored into a float16 or bfloat16 plan)."""
+    values = np.asarray(table)
+    if values.dtype == dtype or not jnp.issubdtype(values.dtype, jnp.floating):
+        return
+    with np.errstate(over="ignore"):
+        lost = np.isfinite(values) & ~np.isfinite(values.astype(dtype))
+    if lost.any():
+        where = tuple(int(i) for i in np.argwhere(lost)[0])
+        raise ValueError(
+            f"Table {name!r}: {int(lost.sum())} of its values do not fit its stack's "
+            f"weights_dtype {np.dtype(dtype).name} (largest finite "
+            f"{float(jnp.finfo(dtype).max):g}) and would become inf, e.g. {values[where]:g} at "
+            f"{list(where)}. Keep this table in {values.dtype.name}, or scale it first."
+        )
