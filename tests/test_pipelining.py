@@ -482,3 +482,71 @@ def test_inputs_that_are_not_step_inputs_are_refused() -> None:
 def test_pipeline_steps_takes_a_count(steps: Any) -> None:
     with pytest.raises(ValueError, match="num_steps must be an integer ≥ 0"):
         pl.pipeline_steps(steps)
+
+
+def _started(case: Case, plan: tc.StackingPlan, *, donate: bool = True, pipelined: bool = True,
+             stages: pl.Stages | None = None) -> tuple[pl.TrainStep, pl.TrainState]:
+    step = pl.TrainStep(stages=stages or _stages(plan), donate=donate, pipelined=pipelined)
+    params = jax.tree.map(jnp.asarray, _initial_params(case))
+    return step, step.init(_variables(case, plan),
+                           pl.DenseState.create(params, optax.sgd(DENSE_LR)),
+                           _inputs(case, plan, 0))
+
+
+def _snapshot(state: pl.TrainState) -> list[np.ndarray]:
+    return [np.asarray(x) for x in jax.tree.leaves((state.variables, state.dense.params))]
+
+
+def test_a_pipelined_run_left_early_finishes_its_last_step() -> None:
+    """A `break` (then `finish()`) or batches that raise left the state mid-pipeline: the
+    dense parameters had the last yielded step's update, the tables not. Now the state
+    equals that of a run over just the batches whose steps were yielded."""
+    case = _case("sgd")
+    plan = case.plan(1)
+    batches = [_inputs(case, plan, j) for j in range(5)]
+    step, state = _started(case, plan)
+    whole = pl.run_loop(step, state, batches[:3])
+    assert [r.step for r in whole] == [0, 1, 2]
+    want = _snapshot(whole.state)
+
+    step, state = _started(case, plan)
+    run = pl.run_loop(step, state, batches)
+    for result in run:
+        if result.step == 2:
+            break
+    assert run.finish() is run.state and list(run) == []
+    for got, expected in zip(_snapshot(run.state), want, strict=True):
+        np.testing.assert_array_equal(got, expected)
+
+    def failing() -> Any:
+        yield from batches[:4]  # the fourth is read ahead, its step not yielded
+        raise OSError("the data file went away")
+
+    step, state = _started(case, plan)
+    run = pl.run_loop(step, state, failing())
+    with pytest.raises(OSError, match="went away"):
+        for _ in run:
+            pass
+    for got, expected in zip(_snapshot(run.state), want, strict=True):
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_a_failed_donating_step_says_its_state_is_gone() -> None:
+    """A donating step that raised (here `check_finite` on NaN labels) left `run.state`
+    pointing at deleted arrays, and the error did not say so."""
+    case = _case("sgd")
+    plan = case.plan(1)
+    stages = pl.sparsecore_stages(plan, pl.optax_tc(loss_fn, optax.sgd(DENSE_LR)),
+                                  options=ops.UpdateOptions(check_finite=True))
+    bad = _inputs(case, plan, 1)
+    bad = bad._replace(dense=np.full_like(bad.dense, np.nan))
+    step, state = _started(case, plan, stages=stages, donate=False, pipelined=False)
+    kept = _snapshot(state)
+    with pytest.raises(Exception, match="NaN or Inf") as raised:
+        step(step(state, _inputs(case, plan, 0))[0], bad)
+    assert "donates" not in "".join(getattr(raised.value, "__notes__", []))  # nothing taken
+    assert all(np.array_equal(a, b) for a, b in zip(_snapshot(state), kept, strict=True))
+    step, state = _started(case, plan, stages=stages, pipelined=False)
+    with pytest.raises(Exception, match="NaN or Inf") as raised:
+        step(step(state, _inputs(case, plan, 0))[0], bad)
+    assert "donates its state (donate=True)" in "".join(raised.value.__notes__)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any, NamedTuple
+
+import jax
 
 from ._sharding import place_like
 from ._state import TrainState, placeholder_input
@@ -29,36 +31,72 @@ class TrainingRun(Iterator[StepResult]):
     The last result is yielded after the drain call, so when the loop ends every
     table update has been applied. A plain run makes one call per batch.
 
+    A pipelined run left early (a `break`) holds the SparseCore update of the last
+    step it yielded back: `finish()` applies it. A run whose batches, or whose step,
+    raise finishes itself before the error goes on (when the step's donated state is
+    still there). Either way `state` then holds every update of the steps yielded, and
+    the batch the pipeline had read ahead is not trained.
+
     With a donating `TrainStep`, `state` is only valid until the next iteration.
     """
 
     def __init__(self, step: TrainStep, state: TrainState, batches: Iterable[StepInput]):
         self.state = state
+        self._unfinished: Callable[[], None] | None = None
         self._results = self._pipelined(step, batches) if step.pipelined else self._plain(
             step, batches)
 
     def __next__(self) -> StepResult:
         return next(self._results)
 
-    def _plain(self, step: TrainStep, batches: Iterable[StepInput]) -> Iterator[StepResult]:
+    def finish(self) -> TrainState:
+        """End the run where it stands and return `state`, every update of the steps
+        yielded so far applied (a pipelined run's held-back SparseCore update; nothing to
+        do for a plain run or one that ended). Iterating afterwards yields nothing."""
+        self._results.close()
+        self._complete()
+        return self.state
+
+    def _complete(self) -> None:
+        unfinished, self._unfinished = self._unfinished, None
+        if unfinished is not None:
+            unfinished()
+
+    def _plain(self, step: TrainStep, batches: Iterable[StepInput]
+               ) -> Generator[StepResult, None, None]:
         for index, inputs in enumerate(batches):
             self.state, out = step(self.state, inputs)
             yield StepResult(index, out.outputs)
 
     def _pipelined(self, step: TrainStep, batches: Iterable[StepInput]
-                   ) -> Iterator[StepResult]:
+                   ) -> Generator[StepResult, None, None]:
         batches = iter(batches)
         first = next(batches, None)
         if first is None:
             return
         dummy = place_like(placeholder_input(first), first)
+
+        def drain_last() -> None:  # the SC backward of the last yielded step
+            self.state, _ = step(self.state, dummy, fake_tc_step=True)
+
         self.state, _ = step(self.state, first, fake_tc_step=True)
+        self._unfinished = drain_last
         last = 0
-        for last, inputs in enumerate(batches, start=1):
-            self.state, out = step(self.state, inputs)
-            yield StepResult(last - 1, out.outputs)
+        try:
+            for last, inputs in enumerate(batches, start=1):
+                self.state, out = step(self.state, inputs)
+                yield StepResult(last - 1, out.outputs)
+        except Exception as error:
+            if not any(getattr(x, "is_deleted", lambda: False)()
+                       for x in jax.tree.leaves(self.state)):
+                try:
+                    self._complete()
+                except Exception as also:
+                    error.add_note(f"tilecore: finishing the run's last step failed too: {also!r}")
+            raise
+        self._unfinished = None
         self.state, out = step(self.state, dummy)
-        self.state, _ = step(self.state, dummy, fake_tc_step=True)
+        drain_last()
         yield StepResult(last, out.outputs)
 
 

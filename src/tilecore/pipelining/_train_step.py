@@ -28,7 +28,7 @@ class TrainStep:
     `train_state_sharding`), so every later call finds the same input placement
     and reuses those programs. With `donate` the state's buffers are reused for
     the new state, so tables are updated in place: do not use a state after
-    passing it in.
+    passing it in, even when the step raises (an error then says so).
 
     Attributes:
       stages: the stage functions (`sparsecore_stages`).
@@ -104,4 +104,16 @@ class TrainStep:
                              f"build it with this step's init().")
         check_input(inputs)
         note_step()  # a peer that ran fewer steps ends this process, not a hang
-        return self.jitted_for(state)(state, inputs, fake_tc_step=fake_tc_step)
+        step = self.jitted_for(state)
+        try:
+            return step(state, inputs, fake_tc_step=fake_tc_step)
+        except Exception as error:
+            if self.donate and any(getattr(x, "is_deleted", lambda: False)()
+                                   for x in jax.tree.leaves(state)):
+                error.add_note(
+                    "tilecore: this TrainStep donates its state (donate=True) and the failed "
+                    "step had taken it, so the state passed in is gone (its arrays are "
+                    "deleted). Restore the last checkpoint to go on; TrainStep(donate=False) "
+                    "keeps the state a failing step was given, at the cost of a copy of the "
+                    "tables per step.")
+            raise
