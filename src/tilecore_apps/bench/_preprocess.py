@@ -100,9 +100,12 @@ def input_form(workload: data.Workload, batch: dict[str, tc.Ragged], form: str) 
 
 
 def _positive(parser_name: str, **values: int) -> None:
+    """Raise ValueError naming the first flag below its least value: 0 for --warmup (no
+    untimed call is fine: nothing compiles), 1 for the others."""
     for name, value in values.items():
-        if value < (0 if name == "warmup" else 1):
-            raise ValueError(f"{parser_name}: --{name} must be >= 1, got {value}.")
+        least = 0 if name == "warmup" else 1
+        if value < least:
+            raise ValueError(f"{parser_name}: --{name} must be >= {least}, got {value}.")
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -111,7 +114,7 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError("bench preprocess: --device needs --minibatching off (device "
                          "preprocessing does not minibatch).")
     if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {args.threads}.")
+        raise ValueError(f"bench preprocess: --threads must be >= 1, got {args.threads}.")
 
 
 def _time_calls(call: Callable[[int], tc.PreprocessedBatch], ids: list[int], warmup: int,
