@@ -4,9 +4,47 @@ it does), never a traceback, a hang or a machine's memory filled."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
+from tilecore_apps._common import write_file
 from tilecore_apps.cli import main
+
+
+def _usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """argparse's error line for `argv` (exit status 2)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
+# --- output paths checked before the work ------------------------------------------------
+
+
+def test_output_paths_of_every_command_are_checked_before_the_work(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """bench preprocess --json, limits --plot and bench scale --plot took any path: a
+    directory failed once the work was done, leaving a temporary file beside it."""
+    adir = tmp_path / "results"
+    adir.mkdir()
+    for argv in (["bench", "preprocess", "--workload", "multihot", "--json", str(adir)],
+                 ["limits", "--workload", "multihot", "--plot", str(adir)],
+                 ["bench", "scale", "--plot", str(adir)]):
+        flag = argv[-2]
+        err = _usage_error(argv, capsys)
+        assert f"argument {flag}: '{adir}' is a directory; give a file name" in err, err
+    assert os.listdir(tmp_path) == ["results"]
+
+
+def test_a_failed_write_leaves_no_temporary_file(tmp_path: Path) -> None:
+    adir = tmp_path / "results"
+    adir.mkdir()
+    with pytest.raises(IsADirectoryError):
+        write_file(adir, b"{}\n")
+    assert os.listdir(tmp_path) == ["results"]
 
 
 def test_bench_preprocess_warmup_message_states_its_bound(

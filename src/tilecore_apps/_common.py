@@ -83,7 +83,8 @@ def calibrate(
 def write_file(path: Path, content: bytes) -> None:
     """Write `content` to `path` atomically (a temporary file, then a rename). A symbolic
     link is written through (its target replaced atomically); a FIFO, a device or
-    another file that is not a regular one (/dev/stdout, say) is written in place."""
+    another file that is not a regular one (/dev/stdout, say) is written in place. A write
+    or rename that fails removes the temporary file: nothing is left beside `path`."""
     path = Path(os.path.realpath(path)) if path.is_symlink() else path
     if path.exists() and not path.is_file() and not path.is_dir():
         with open(path, "wb") as stream:
@@ -91,8 +92,12 @@ def write_file(path: Path, content: bytes) -> None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(content)
-    os.replace(tmp, path)
+    try:
+        tmp.write_bytes(content)
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, a directory where the file goes, Ctrl-C
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_json(path: Path, value: Mapping[str, Any]) -> None:

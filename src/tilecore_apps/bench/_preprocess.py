@@ -11,7 +11,6 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,7 +26,7 @@ from .._common import (
     parse_topology,
     write_json,
 )
-from .._options import positive_int, seed_int
+from .._options import output_file, positive_int, seed_int
 from ._machine import machine_facts
 from ._memory import PeakProbe
 
@@ -50,7 +49,7 @@ def add_parser(kinds: Any) -> None:
     p.add_argument("--warmup", type=int, default=2, help="untimed calls first (default 2)")
     p.add_argument("--batches", type=int, default=3, help="distinct batches (default 3)")
     p.add_argument("--seed", type=seed_int, default=0, help="workload seed (default 0)")
-    p.add_argument("--json", type=Path, default=None, metavar="PATH", help="write results here")
+    p.add_argument("--json", type=output_file, default=None, metavar="PATH", help="write results here")
     p.add_argument(
         "--minibatching", choices=("off", "on", "forced"), default="off",
         help="off: no minibatching (default); on: enable_minibatching with the calibrated "

@@ -14,7 +14,6 @@ import argparse
 import gc
 import sys
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -91,7 +90,7 @@ def add_parser(kinds: Any) -> None:
     add_threads_option(p)
     p.add_argument("--seed", type=seed_int, default=0, help="workload seed (default 0)")
     p.add_argument("--json", type=output_file, default=None, metavar="PATH", help="write results here")
-    p.add_argument("--plot", type=Path, default=None, metavar="PATH.png",
+    p.add_argument("--plot", type=output_file, default=None, metavar="PATH.png",
                    help="write the two panels (step time against vocabulary and against IDs "
                         "per batch) here")
     p.set_defaults(run=run)

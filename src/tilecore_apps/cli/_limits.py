@@ -60,7 +60,7 @@ def add_parser(subparsers: Any) -> None:
                    help="TSV or Parquet --data: vocabulary of each sparse feature, or one for "
                         f"all (default: the Parquet schema, else {data.DEFAULT_VOCAB_SIZE})")
     add_read_options(p, eval_data=False)
-    p.add_argument("--plot", type=Path, default=None, metavar="PATH.png",
+    p.add_argument("--plot", type=output_file, default=None, metavar="PATH.png",
                    help="write a PNG of per-partition load (max, mean) per stack")
     p.add_argument("--json", type=output_file, default=None, metavar="PATH", help="write the numbers")
     p.set_defaults(run=run)
