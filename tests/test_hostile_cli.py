@@ -47,6 +47,20 @@ def test_a_failed_write_leaves_no_temporary_file(tmp_path: Path) -> None:
     assert os.listdir(tmp_path) == ["results"]
 
 
+@pytest.mark.parametrize("argv", [
+    ["limits", "--workload", "multihot", "--batches", "2"],
+    ["bench", "preprocess", "--workload", "multihot", "--batches", "2"],
+    ["bench", "step", "--no-naive", "--max-vocab", "1000", "--batches", "1"],
+])
+def test_batch_sizes_that_cannot_fit_are_refused_before_any_batch_is_drawn(
+        argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """numpy's bare "Unable to allocate 745. GiB" (after ~20 s at 10**9) named no flag."""
+    assert main([*argv, "--batch-size", str(10**12)]) == 2
+    err = capsys.readouterr().err
+    assert f"--batch-size {10**12}: " in err and "GiB of memory, more than this host's" in err
+    assert "use a smaller --batch-size" in err, err
+
+
 def test_bench_preprocess_warmup_message_states_its_bound(
         capsys: pytest.CaptureFixture[str]) -> None:
     """It said '--warmup must be >= 1' though 0 is accepted."""

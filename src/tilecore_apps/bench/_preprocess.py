@@ -26,6 +26,7 @@ from .._common import (
     parse_topology,
     write_json,
 )
+from .._fits import check_batches
 from .._options import output_file, positive_int, seed_int
 from ._machine import machine_facts
 from ._memory import PeakProbe
@@ -139,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
     topology = parse_topology(args.topology)
     sizes = {} if args.batch_size is None else {"batch_size": args.batch_size}
     workload = data.get_workload(args.workload, seed=args.seed, **sizes)
+    check_batches(workload, args.batches, "--batches")  # all drawn before any is timed
     plan = tc.plan_stacking(workload.features, topology)
 
     threads = effective_threads(args.threads)

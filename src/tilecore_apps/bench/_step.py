@@ -24,6 +24,7 @@ from .._common import (
     preprocess_dropping,
     write_json,
 )
+from .._fits import check_batches
 from .._options import output_file, positive_float, positive_int, seed_int
 from ._machine import machine_facts
 from ._memory import PeakProbe, mapped_file_mb
@@ -186,6 +187,7 @@ def run(args: argparse.Namespace) -> int:
 
     sizes = {} if args.batch_size is None else {"batch_size": args.batch_size}
     workload = data.get_workload(args.workload, seed=args.seed, **sizes)
+    check_batches(workload, args.batches, "--batches")  # all drawn before any is timed
     optimizer = OPTIMIZERS[args.optimizer]()
     features = bench_features(workload.features, optimizer, max_vocab=args.max_vocab,
                               weights_dtype=args.weights_dtype)

@@ -14,6 +14,7 @@ import tilecore as tc
 from tilecore import data
 
 from .._common import topology_arg, write_file, write_json
+from .._fits import check_batches
 from .._options import int_list, output_file, positive_int, seed_int
 from ._data import add_read_options, check_read_options, open_data
 from ._limits_scan import report, scan
@@ -118,6 +119,7 @@ def _sources(args: argparse.Namespace) -> _Scanned:
     if args.data is None:
         sizes = {} if args.batch_size is None else {"batch_size": args.batch_size}
         workload = data.get_workload(args.workload or "criteo", seed=args.seed, **sizes)
+        check_batches(workload)  # one batch at a time: before the first is drawn
         return _Scanned(workload.name, workload.batch_size, tuple(workload.features),
                         args.batches, lambda: workload.batches(args.batches))
     if args.workload is not None or args.data.suffix == ".npz":
