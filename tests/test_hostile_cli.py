@@ -47,6 +47,33 @@ def test_a_failed_write_leaves_no_temporary_file(tmp_path: Path) -> None:
     assert os.listdir(tmp_path) == ["results"]
 
 
+# --- sizes that cannot fit -----------------------------------------------------------------
+
+
+def test_data_rows_that_cannot_fit_are_refused_before_anything_is_made(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """--rows 99999999999999 grew the process ~170 MB/s until the OOM killer came."""
+    out = tmp_path / "d"
+    assert main(["data", "--out", str(out), "--rows", "99999999999999",
+                 "--format", "parquet"]) == 2
+    err = capsys.readouterr().err
+    assert "tilecore data: error: --rows 99999999999999: the parquet rows" in err, err
+    assert "GiB of memory, more than this host's memory and swap" in err
+    assert "use fewer --rows" in err and not out.exists()
+
+    # npz writes one batch at a time: the bound there is the disk.
+    class Usage:
+        free = 10 * 2**20
+
+    monkeypatch.setattr("tilecore_apps._fits.shutil.disk_usage", lambda _: Usage())
+    assert main(["data", "--out", str(out), "--rows", "1000000", "--format", "npz"]) == 2
+    err = capsys.readouterr().err
+    assert "--rows 1000000: the npz files would take at least 0.1 GiB on disk, more than " \
+           f"the 0.0 GiB free where '{out}' is" in err, err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("argv", [
     ["limits", "--workload", "multihot", "--batches", "2"],
     ["bench", "preprocess", "--workload", "multihot", "--batches", "2"],
