@@ -5,12 +5,18 @@ it does), never a traceback, a hang or a machine's memory filled."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from tilecore_apps import _devices
 from tilecore_apps._common import write_file
 from tilecore_apps.cli import main
+
+TINY = ["--batch-size", "64", "--max-vocab", "1000"]
+STEP = ["bench", "step", "--repeats", "1", "--warmup", "1", "--batches", "1", "--no-naive", *TINY]
 
 
 def _usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
@@ -86,6 +92,41 @@ def test_batch_sizes_that_cannot_fit_are_refused_before_any_batch_is_drawn(
     err = capsys.readouterr().err
     assert f"--batch-size {10**12}: " in err and "GiB of memory, more than this host's" in err
     assert "use a smaller --batch-size" in err, err
+
+
+# --- devices -------------------------------------------------------------------------------
+
+
+def test_bench_step_topology_is_checked_before_a_child_is_started(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """--devices 100000 re-ran the command with 100,000 CPU devices before the plan
+    found it no power of two; 65536 (one) would have too."""
+    def no_child(*_: object, **__: object) -> None:
+        raise AssertionError("a child process was started")
+
+    monkeypatch.setattr(_devices.subprocess, "Popen", no_child)
+    assert main([*STEP, "--devices", "100000"]) == 2
+    err = capsys.readouterr().err
+    assert "bench step: --devices 100000 --sc-per-device 1: tables are sharded over devices " \
+           "x SparseCores partitions, 100000 here; --sc-per-device and the partitions must be " \
+           "powers of two." in err, err
+    assert main([*STEP, "--devices", "65536"]) == 2
+    err = capsys.readouterr().err
+    most = _devices.max_cpu_devices()
+    assert f"--devices 65536: JAX here runs on CPU, where at most {most} devices" in err, err
+    assert most == max(256, 4 * (os.cpu_count() or 1))
+
+
+def test_train_with_too_many_cpu_devices_is_refused_at_once() -> None:
+    """It started JAX with 65,536 CPU devices in-process: no output for minutes, memory
+    growing ~70 MB/s."""
+    tilecore = Path(sys.executable).with_name("tilecore")
+    done = subprocess.run([str(tilecore), "train", "--devices", "65536", "--sc-per-device", "1",
+                           "--batch-size", "64", "--steps", "2"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "tilecore train: error: --devices 65536: JAX here runs on CPU, where at most" \
+           in done.stderr, done.stderr
 
 
 def test_bench_preprocess_warmup_message_states_its_bound(

@@ -22,6 +22,31 @@ from ._signals import handling_signals
 RERUN_ENV = "TILECORE_BENCH_RERUN"
 _FLAG = re.compile(r"--xla_force_host_platform_device_count=\S*")
 _CHILD = "import sys; from tilecore_apps.cli import main; sys.exit(main(sys.argv[1:]))"
+CPU_DEVICES_FLOOR = 256
+"""The fewest CPU devices `max_cpu_devices` allows, whatever the core count: a mesh as
+large as a big accelerator slice's, to try a topology on a laptop."""
+CPU_DEVICES_PER_CORE = 4
+
+
+def max_cpu_devices() -> int:
+    """The most CPU devices a command makes with `--xla_force_host_platform_device_count`:
+    the larger of `CPU_DEVICES_FLOOR` and `CPU_DEVICES_PER_CORE` per CPU. Simulated devices
+    share the host's cores, so past a few per core they add no parallelism, only start-up,
+    compilation and per-device buffers (65,536 of them grew a process by 70 MB/s for
+    minutes, printing nothing)."""
+    return max(CPU_DEVICES_FLOOR, CPU_DEVICES_PER_CORE * (os.cpu_count() or 1))
+
+
+def check_cpu_devices(count: int) -> None:
+    """Raise ValueError, naming --devices and `count`, when `count` is more CPU devices
+    than `max_cpu_devices` allows."""
+    most = max_cpu_devices()
+    if count > most:
+        raise ValueError(
+            f"--devices {count}: JAX here runs on CPU, where at most {most} devices are "
+            f"simulated (the larger of {CPU_DEVICES_FLOOR} and {CPU_DEVICES_PER_CORE} per CPU "
+            f"of this machine's {os.cpu_count()}): more add memory and compile time, not "
+            "speed. Ask for fewer; on an accelerator, for at most the devices it has.")
 
 
 def with_device_count(xla_flags: str, count: int) -> str:
@@ -31,7 +56,9 @@ def with_device_count(xla_flags: str, count: int) -> str:
 
 
 def rerun_with_cpu_devices(count: int, argv: Sequence[str]) -> int:
-    """Run `tilecore *argv` in a child process with `count` CPU devices; its exit status."""
+    """Run `tilecore *argv` in a child process with `count` CPU devices; its exit status.
+    ValueError, before any child starts, when the backend is not the CPU, when this is
+    already the child, or when `count` is past `max_cpu_devices`."""
     have, backend = jax.device_count(), jax.default_backend()
     if os.environ.get(RERUN_ENV) or backend != "cpu":
         raise ValueError(
@@ -39,6 +66,7 @@ def rerun_with_cpu_devices(count: int, argv: Sequence[str]) -> int:
             f"XLA_FLAGS=--xla_force_host_platform_device_count={count} before starting; on "
             "an accelerator, ask for at most the devices it has."
         )
+    check_cpu_devices(count)
     env = dict(os.environ)
     env["XLA_FLAGS"] = with_device_count(env.get("XLA_FLAGS", ""), count)
     env[RERUN_ENV] = "1"

@@ -62,7 +62,8 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
                         "(default adagrad)")
     p.add_argument("--devices", type=int, default=1,
                    help="devices of the mesh (default 1). On CPU the command re-runs itself with "
-                        "XLA_FLAGS=--xla_force_host_platform_device_count=D if JAX has fewer")
+                        "XLA_FLAGS=--xla_force_host_platform_device_count=D if JAX has fewer, "
+                        "D at most the larger of 256 and 4 per CPU")
     p.add_argument("--sc-per-device", type=int, default=1,
                    help="logical SparseCores per device (default 1)")
     p.add_argument("--weights-dtype", default="float32", choices=WEIGHTS_DTYPE_NAMES,
@@ -144,6 +145,7 @@ def _check(args: argparse.Namespace) -> None:
         if getattr(args, name) < 1:
             raise ValueError(f"bench step: --{name.replace('_', '-')} must be >= 1, got "
                              f"{getattr(args, name)}.")
+    _check_topology(args.devices, args.sc_per_device)
     if args.minibatch_split > 1 and not args.minibatching:
         raise ValueError(f"bench step: --minibatch-split {args.minibatch_split} needs "
                          "--minibatching.")
@@ -165,6 +167,18 @@ def _check(args: argparse.Namespace) -> None:
                 "bench step: the naive step needs optax; `pip install optax` (or tilecore[dev]) "
                 "or pass --no-naive."
             ) from None
+
+
+def _check_topology(devices: int, sc_per_device: int) -> None:
+    """Refuse a topology tilecore cannot shard over (the partitions, devices × SparseCores,
+    a power of two) before a child process is started with --devices CPU devices."""
+    try:
+        tc.Topology(global_devices=devices, sc_per_device=sc_per_device)
+    except ValueError:
+        raise ValueError(
+            f"bench step: --devices {devices} --sc-per-device {sc_per_device}: tables are "
+            f"sharded over devices x SparseCores partitions, {devices * sc_per_device} here; "
+            "--sc-per-device and the partitions must be powers of two.") from None
 
 
 def _cap_ids(batch: Mapping[str, tc.Ragged], features: list[tc.FeatureSpec]

@@ -19,7 +19,7 @@ import tilecore as tc
 from tilecore import data
 
 from .._common import add_threads_option, topology_arg, write_file, write_json
-from .._devices import RERUN_ENV, with_device_count
+from .._devices import RERUN_ENV, max_cpu_devices, with_device_count
 from .._options import (
     int_list,
     nonnegative_float,
@@ -95,7 +95,8 @@ def _add_input_options(p: argparse.ArgumentParser) -> None:
     """The topology, the input pipeline, the limits, and the data."""
     p.add_argument("--devices", type=positive_int, default=None,
                    help="devices of the mesh (default 1). On CPU, JAX is started with "
-                        "XLA_FLAGS=--xla_force_host_platform_device_count=N")
+                        "XLA_FLAGS=--xla_force_host_platform_device_count=N, N at most the "
+                        "larger of 256 and 4 per CPU")
     p.add_argument("--sc-per-device", type=positive_int, default=None,
                    help="logical SparseCores per device (default 4)")
     p.add_argument("--topology", type=topology_arg, default=None, metavar="LxS",
@@ -189,7 +190,9 @@ def _ensure_devices(count: int, argv: list[str]) -> int | None:
     import jax
     from jax._src import xla_bridge  # no public way to ask whether the backends started
 
-    if count > 1 and not xla_bridge.backends_are_initialized():  # read when the CPU backend starts
+    # Read when the CPU backend starts. Past max_cpu_devices, JAX starts as it is: an
+    # accelerator may have that many devices; on CPU, rerun_with_cpu_devices refuses it.
+    if 1 < count <= max_cpu_devices() and not xla_bridge.backends_are_initialized():
         os.environ["XLA_FLAGS"] = with_device_count(os.environ.get("XLA_FLAGS", ""), count)
 
     if jax.device_count() >= count:
