@@ -5,6 +5,7 @@ it does), never a traceback, a hang or a machine's memory filled."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 
 from tilecore_apps import _devices
 from tilecore_apps._common import write_file
+from tilecore_apps.bench import _step
 from tilecore_apps.cli import main
 
 TINY = ["--batch-size", "64", "--max-vocab", "1000"]
@@ -127,6 +129,34 @@ def test_train_with_too_many_cpu_devices_is_refused_at_once() -> None:
     assert done.returncode == 2
     assert "tilecore train: error: --devices 65536: JAX here runs on CPU, where at most" \
            in done.stderr, done.stderr
+
+
+# --- bench step --minibatch-split, bench preprocess --warmup ------------------------------
+
+
+def test_minibatch_split_past_what_the_buffers_take_names_the_largest(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """It failed on suggested_coo_buffer_size_per_device of an auto-named stack."""
+    argv = [*STEP, "--minibatching", "--minibatch-split"]
+    assert main([*argv, "100"]) == 2
+    err = capsys.readouterr().err
+    found = re.search(r"bench step: --minibatch-split 100 leaves the limits too small to fill "
+                      r"the COO buffer .* the largest --minibatch-split this workload takes is "
+                      r"(\d+)\.", err)
+    assert found, err
+    largest = int(found[1])
+
+    class Timed(Exception):
+        """The batches were preprocessed under the plan: timing would start here."""
+
+    def timed(*_: object, **__: object) -> None:
+        raise Timed
+
+    monkeypatch.setattr(_step, "_time_fused", timed)
+    with pytest.raises(Timed):
+        main([*argv, str(largest)])
+    assert main([*argv, str(largest + 1)]) == 2
+    assert f"takes is {largest}." in capsys.readouterr().err
 
 
 def test_bench_preprocess_warmup_message_states_its_bound(

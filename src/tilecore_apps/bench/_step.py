@@ -285,13 +285,42 @@ def _peer(args: argparse.Namespace, features: list[tc.FeatureSpec],
 
 
 def _minibatching(plan: tc.StackingPlan, split: int) -> tc.StackingPlan:
-    """`plan` with minibatching on and every stack's partition limits divided by `split`."""
+    """`plan` with minibatching on and every stack's partition limits divided by `split`.
+
+    The calibrated COO buffer stays (it holds the whole batch, all its minibatches), so
+    the divided limits must still be able to fill it: 64 minibatches of partitions full
+    to the limit. A larger `split` is refused here, naming --minibatch-split and the
+    largest value this plan takes, not when preprocessing meets the buffer."""
     plan = plan.with_config(enable_minibatching=True)
+    if split > 1 and _buffers_fit(plan) and not _buffers_fit(_split(plan, split)):
+        low, high = 1, split  # the buffers fit at 1 (calibrated), not at `split`: bisect
+        while high - low > 1:
+            mid = (low + high) // 2
+            low, high = (mid, high) if _buffers_fit(_split(plan, mid)) else (low, mid)
+        raise ValueError(
+            f"bench step: --minibatch-split {split} leaves the limits too small to fill the "
+            f"COO buffer calibrated for the whole batch (at most 64 minibatches of full "
+            f"partitions); the largest --minibatch-split this workload takes is {low}.")
+    return _split(plan, split)
+
+
+def _split(plan: tc.StackingPlan, split: int) -> tc.StackingPlan:
+    """`plan` with every stack's partition limits divided by `split` (at least 1)."""
     for name, stack in plan.stacks.items():
         plan = plan.with_stack_limits(
             name, max_ids_per_partition=max(1, stack.max_ids_per_partition // split),
             max_unique_ids_per_partition=max(1, stack.max_unique_ids_per_partition // split))
     return plan
+
+
+def _buffers_fit(plan: tc.StackingPlan) -> bool:
+    """Whether every stack's suggested COO buffer is one its limits can fill."""
+    try:
+        for stack in plan.stacks.values():
+            tc.coo_buffer_size_per_device(stack, plan.topology, enable_minibatching=True)
+    except ValueError:
+        return False
+    return True
 
 
 class FusedTimes(NamedTuple):
