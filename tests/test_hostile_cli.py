@@ -8,17 +8,27 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+import tilecore as tc
+from tilecore import data
 from tilecore_apps import _devices
 from tilecore_apps._common import write_file
-from tilecore_apps.bench import _step
+from tilecore_apps.bench import _peer, _step
+from tilecore_apps.bench._fused import bench_features
 from tilecore_apps.cli import main
 
 TINY = ["--batch-size", "64", "--max-vocab", "1000"]
 STEP = ["bench", "step", "--repeats", "1", "--warmup", "1", "--batches", "1", "--no-naive", *TINY]
+
+
+def _script(path: Path, body: str, mode: int = 0o755) -> Path:
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(mode)
+    return path
 
 
 def _usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
@@ -27,6 +37,91 @@ def _usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         main(argv)
     assert exit_info.value.code == 2
     return capsys.readouterr().err
+
+
+# --- bench step --peer-python ------------------------------------------------------------
+
+
+def test_peer_python_that_is_no_program_is_a_usage_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """"" ran "." (Permission denied, naming no flag); a text file, a directory and a
+    missing path each named only an errno."""
+    text = _script(tmp_path / "notes.txt", "hello\n", mode=0o644)
+    for value, message in (("", "must be a program to run"),
+                           (str(tmp_path), f"'{tmp_path}' is a directory"),
+                           (str(text), f"'{text}' is not executable"),
+                           (str(tmp_path / "nope"), f"'{tmp_path / 'nope'}': no such file")):
+        err = _usage_error([*STEP, "--peer-python", value], capsys)
+        assert f"argument --peer-python: {message}" in err, err
+
+
+def test_peer_python_that_cannot_start_or_never_imports_is_named(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both found by the probe, before anything is timed; the probe no longer waits for
+    ever (the bound is named)."""
+    garbage = tmp_path / "garbage"
+    garbage.write_bytes(b"\x7fELF not really")
+    garbage.chmod(0o755)
+    assert main([*STEP, "--peer-python", str(garbage)]) == 2
+    err = capsys.readouterr().err
+    assert f"--peer-python {garbage}: cannot run it (Exec format error)" in err, err
+
+    monkeypatch.setattr(_peer, "PROBE_TIMEOUT_S", 0.5)
+    hangs = _script(tmp_path / "hangs.sh", "sleep 30\n")  # sh's child holds the pipe too
+    start = time.monotonic()
+    assert main([*STEP, "--peer-python", str(hangs)]) == 2
+    assert time.monotonic() - start < 10
+    err = capsys.readouterr().err
+    assert f"--peer-python {hangs} did not import torch and fbgemm_gpu within 0.5 s" in err, err
+
+
+def _run_peer(python: Path) -> dict:
+    """`run_peer` on one tiny batch of criteo26's features (no JAX work before it)."""
+    features = bench_features(data.get_workload("criteo26").features, tc.SGD(), max_vocab=10)
+    batch = {f.name: tc.Ragged.from_rows([[0, 1]]) for f in features}
+    return _peer.run_peer(python, features, [batch], tc.SGD(), "sgd",
+                          {"warmup": 1, "repeats": 1}, seed=0)
+
+
+PROBE_OK = 'if [ "$1" = "-c" ]; then exit 0; fi\n'
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ('echo "peer blew up" >&2\nexit 3\n', "the FBGEMM peer failed (exit 3): peer blew up"),
+    ('echo "{not json" > "$3"\n', "exited 0 but its result is not JSON (Expecting property"),
+    ("exit 0\n", "exited 0 but wrote no result"),
+    ('echo "[1]" > "$3"\n', "its result is a JSON list, not an object"),
+    ('echo \'{"forward_s": 1}\' > "$3"\n', "its result's 'step_s' is None, not a number"),
+    ('echo \'{"forward_s": 0, "step_s": 1, "threads": 1, "peak_rss_mb": 1, '
+     '"step_peak_rss_mb": 1, "file_rss_mb": 1, "torch_version": "2", '
+     '"fbgemm_version": "1", "weights_precision": "fp32"}\' > "$3"\n',
+     "its result's 'forward_s' is 0, not a time > 0"),
+    ("kill -9 $$\n", "the FBGEMM peer failed (killed by signal 9)"),
+])
+def test_a_peer_that_fails_is_one_line_naming_it(tmp_path: Path, body: str,
+                                                 message: str) -> None:
+    """A failing peer was a RuntimeError (a traceback: main handles ValueError), bad JSON
+    json's own message, no result a FileNotFoundError naming a temporary file."""
+    peer = _script(tmp_path / "peer.sh", PROBE_OK + body)
+    with pytest.raises(ValueError) as error:
+        _run_peer(peer)
+    assert f"bench step: --peer-python {peer}: " in str(error.value)
+    assert message in str(error.value) and "\n" not in str(error.value), str(error.value)
+
+
+def test_a_peer_that_never_returns_is_stopped(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """It was waited for without end; now past its bound it is killed, with what it
+    started (a shell's child holds the pipe: killing the shell alone would still hang)."""
+    monkeypatch.setattr(_peer, "PEER_START_S", 0.5)
+    monkeypatch.setattr(_peer, "PEER_CALL_S", 0.0)
+    peer = _script(tmp_path / "peer.sh", PROBE_OK + "sleep 30\necho done\n")
+    start = time.monotonic()
+    with pytest.raises(ValueError, match=r"the FBGEMM peer did not finish within 0.5 s "
+                                         r"\(0.5 s to start, 0 s for each of its 12 calls\)"):
+        _run_peer(peer)
+    assert time.monotonic() - start < 10
 
 
 # --- output paths checked before the work ------------------------------------------------

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import shutil
 from pathlib import Path
 
 
@@ -105,3 +107,25 @@ def output_dir(text: str) -> Path:
     if blocker is not None:
         raise argparse.ArgumentTypeError(f"cannot make {text!r}: {str(blocker)!r} is a file")
     return path
+
+
+def program(text: str) -> Path:
+    """argparse type: a program to run (a Python: `--peer-python`), a name found on PATH or
+    the path of an executable file; an empty name, a directory, a missing or a
+    non-executable file is refused before the command runs."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"must be a program to run, e.g. a venv's bin/python; "
+                                         f"got {text!r}")
+    found = shutil.which(text) if os.sep not in text else None
+    if found is not None:
+        return Path(found)
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory; give a program, e.g. "
+                                         "a venv's bin/python")
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"{text!r}: no such file (nor a program on PATH)")
+    if not os.access(path, os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text!r} is not executable; give a program, e.g. "
+                                         "a venv's bin/python")
+    return path.absolute()  # a bare name of a file here is run, not looked up on PATH

@@ -9,14 +9,17 @@ must move: the yardsticks of their bytes per second.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
+import signal
 import subprocess
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -35,7 +38,66 @@ PEER_WARMUP = 5
 """FBGEMM's first backward calls run several times slower than later ones (its own set-up):
 the peer warms up at least this many calls."""
 
+PROBE_TIMEOUT_S = 120.0
+"""Seconds `check_peer` gives `--peer-python` to import torch and FBGEMM (a cold start
+from a slow disk takes tens of seconds): a Python that never returns is stopped."""
+
+PEER_START_S = 600.0
+"""Seconds the peer run may take besides its calls: importing torch and FBGEMM, building
+and initialising the tables (the workload's full vocabularies), reading the batches."""
+
+PEER_CALL_S = 60.0
+"""Seconds the peer run may take per forward or step call (warm-up and timed alike): a
+generous bound, hundreds of times what such a call takes; past `PEER_START_S` plus these
+the peer is stopped and named, not waited for without end."""
+
+PEER_RESULT = {"forward_s": float, "step_s": float, "threads": int, "peak_rss_mb": float,
+               "step_peak_rss_mb": float, "file_rss_mb": float, "torch_version": str,
+               "fbgemm_version": str, "weights_precision": str}
+"""The fields of the peer's RESULT.json that `bench step` reads, and their types."""
+
 _SCRIPT = Path(__file__).parent / "peers" / "fbgemm_tbe.py"
+
+
+class _PeerExit(NamedTuple):
+    """What a peer process left: its exit status and standard error (None: timed out)."""
+
+    returncode: int | None
+    stderr: str
+
+
+def _run_peer_process(argv: list[str], timeout: float, env: Mapping[str, str] | None = None
+                      ) -> _PeerExit:
+    """Run `argv` with `timeout` seconds; past them (or on Ctrl-C) its whole process group
+    is killed, so that nothing it started holds on (a shell script's `python`, say).
+    OSError if it cannot start (not executable, not a program)."""
+    child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             env=None if env is None else dict(env), start_new_session=True)
+    try:
+        _, stderr = child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(child)
+        return _PeerExit(None, "")
+    except BaseException:
+        _kill_group(child)
+        raise
+    return _PeerExit(child.returncode, stderr.decode(errors="replace"))
+
+
+def _kill_group(child: subprocess.Popen[bytes]) -> None:
+    """SIGKILL `child`'s process group (a session of its own), then reap it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child.pid, signal.SIGKILL)
+    child.communicate()
+
+
+def _last_line(stderr: str) -> str:
+    """The last non-empty line of `stderr` (a traceback's error), or `(no output)`."""
+    return (stderr.strip().splitlines() or ["(no output)"])[-1].strip()
+
+
+def _exit_words(returncode: int) -> str:
+    return (f"killed by signal {-returncode}" if returncode < 0 else f"exit {returncode}")
 
 
 def check_peer(python: Path, optimizer: str, weights_dtype: str = "float32") -> None:
@@ -48,13 +110,19 @@ def check_peer(python: Path, optimizer: str, weights_dtype: str = "float32") -> 
         raise ValueError(f"bench step: --peer-python compares {sorted(PEER_WEIGHTS)} tables "
                          f"(FBGEMM's CPU kernels do not train {weights_dtype} ones); drop it "
                          f"or --weights-dtype {weights_dtype}.")
-    probe = subprocess.run(
-        [str(python), "-c", "import torch, fbgemm_gpu.split_table_batched_embeddings_ops_training"],
-        capture_output=True, text=True, check=False)
+    argv = [str(python), "-c", "import torch, fbgemm_gpu.split_table_batched_embeddings_ops_training"]
+    try:
+        probe = _run_peer_process(argv, PROBE_TIMEOUT_S)
+    except OSError as error:  # not a program: a text file, another format
+        raise ValueError(f"bench step: --peer-python {python}: cannot run it "
+                         f"({error.strerror or error}); give a Python executable.") from None
+    if probe.returncode is None:
+        raise ValueError(f"bench step: --peer-python {python} did not import torch and "
+                         f"fbgemm_gpu within {PROBE_TIMEOUT_S:g} s; stopped it.")
     if probe.returncode != 0:
-        last = (probe.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise ValueError(f"bench step: --peer-python {python} cannot import torch and "
-                         f"fbgemm_gpu: {last}. Make a venv with `pip install torch "
+                         f"fbgemm_gpu ({_exit_words(probe.returncode)}): "
+                         f"{_last_line(probe.stderr)}. Make a venv with `pip install torch "
                          "fbgemm-gpu-cpu` (versions built for each other).")
 
 
@@ -93,13 +161,51 @@ def run_peer(python: Path, features: Sequence[tc.FeatureSpec],
         if huge_pages:
             tunables = [env["GLIBC_TUNABLES"]] if env.get("GLIBC_TUNABLES") else []
             env["GLIBC_TUNABLES"] = ":".join([*tunables, "glibc.malloc.hugetlb=1"])
-        done = subprocess.run([str(python), str(_SCRIPT), str(inputs), str(output)],
-                              capture_output=True, text=True, check=False, env=env)
+        calls = 2 * (meta["warmup"] + meta["repeats"])  # forward calls, then step calls
+        timeout = PEER_START_S + PEER_CALL_S * calls
+        try:
+            done = _run_peer_process([str(python), str(_SCRIPT), str(inputs), str(output)],
+                                     timeout, env)
+        except OSError as error:  # checked by check_peer; changed since
+            raise ValueError(f"bench step: --peer-python {python}: cannot run it "
+                             f"({error.strerror or error}).") from None
+        if done.returncode is None:
+            raise ValueError(
+                f"bench step: --peer-python {python}: the FBGEMM peer did not finish within "
+                f"{timeout:g} s ({PEER_START_S:g} s to start, {PEER_CALL_S:g} s for "
+                f"each of its {calls} calls); stopped it.")
         if done.returncode != 0:
-            tail = "\n".join(done.stderr.strip().splitlines()[-5:])
-            raise RuntimeError(f"bench step: the FBGEMM peer failed (exit {done.returncode}):\n"
-                               f"{tail}")
-        return json.loads(output.read_text())
+            raise ValueError(f"bench step: --peer-python {python}: the FBGEMM peer failed "
+                             f"({_exit_words(done.returncode)}): {_last_line(done.stderr)}")
+        return _peer_result(python, output)
+
+
+def _peer_result(python: Path, output: Path) -> dict[str, Any]:
+    """The peer's RESULT.json, checked: every field of `PEER_RESULT` of its type, the
+    times finite and > 0 (tilecore's are divided by them)."""
+    def bad(why: str) -> ValueError:
+        return ValueError(f"bench step: --peer-python {python}: the FBGEMM peer exited 0 but "
+                          f"{why}.")
+
+    try:
+        result = json.loads(output.read_bytes())
+    except FileNotFoundError:
+        raise bad("wrote no result") from None
+    except (OSError, ValueError) as error:  # UnicodeDecodeError and JSONDecodeError too
+        raise bad(f"its result is not JSON ({error})") from None
+    if not isinstance(result, dict):
+        raise bad(f"its result is a JSON {type(result).__name__}, not an object")
+    for key, kind in PEER_RESULT.items():
+        value = result.get(key)
+        number = kind is not str and isinstance(value, (int, float)) and not isinstance(
+            value, bool)
+        if not (number or (kind is str and isinstance(value, str))):
+            raise bad(f"its result's {key!r} is {value!r}, not a "
+                      f"{'string' if kind is str else 'number'}")
+    for key in ("forward_s", "step_s"):
+        if not (math.isfinite(result[key]) and result[key] > 0):
+            raise bad(f"its result's {key!r} is {result[key]!r}, not a time > 0")
+    return result
 
 
 def copy_bandwidth(repeats: int = 5) -> float:

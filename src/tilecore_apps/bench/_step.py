@@ -7,7 +7,6 @@ import gc
 import resource
 import sys
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -25,7 +24,7 @@ from .._common import (
     write_json,
 )
 from .._fits import check_batches
-from .._options import output_file, positive_float, positive_int, seed_int
+from .._options import output_file, positive_float, positive_int, program, seed_int
 from ._machine import machine_facts
 from ._memory import PeakProbe, mapped_file_mb
 from ._timing import median_seconds
@@ -109,7 +108,7 @@ def _add_comparison_options(p: argparse.ArgumentParser) -> None:
                         "move them onto transparent huge pages with tilecore.ops.use_huge_pages, "
                         "and run FBGEMM with GLIBC_TUNABLES=glibc.malloc.hugetlb=1 so that its "
                         "tables are on them too)")
-    p.add_argument("--peer-python", type=Path, default=None, metavar="PYTHON",
+    p.add_argument("--peer-python", type=program, default=None, metavar="PYTHON",
                    help="also time FBGEMM's table-batched embeddings (forward, and the step "
                         "with the same optimizer fused: sgd or adagrad; float32 or float16 "
                         "tables) on the same batches, run by this Python (a venv with torch and "
