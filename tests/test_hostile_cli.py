@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -121,6 +123,24 @@ def test_a_peer_that_never_returns_is_stopped(tmp_path: Path,
     with pytest.raises(ValueError, match=r"the FBGEMM peer did not finish within 0.5 s "
                                          r"\(0.5 s to start, 0 s for each of its 12 calls\)"):
         _run_peer(peer)
+    assert time.monotonic() - start < 10
+
+
+def test_sigterm_reaches_the_peer_and_what_it_started(tmp_path: Path) -> None:
+    """The peer runs in a session of its own (so that a timeout can kill all of it): a
+    SIGTERM sent to `bench step` is passed on to it, not left for it to outlive."""
+    peer = _script(tmp_path / "peer.sh", "sleep 30\n")
+    outer: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, _: outer.append(signum))
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM))
+    try:
+        timer.start()
+        start = time.monotonic()
+        done = _peer._run_peer_process([str(peer)], timeout=20)
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGTERM, previous)
+    assert done.returncode == -signal.SIGTERM and not outer
     assert time.monotonic() - start < 10
 
 

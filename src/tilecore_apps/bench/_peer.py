@@ -25,6 +25,8 @@ import numpy as np
 
 import tilecore as tc
 
+from .._signals import handling_signals
+
 PEER_OPTIMIZERS = {"sgd": "sgd", "adagrad": "adagrad"}
 """tilecore optimizer → the FBGEMM optimizer with the same update (exact, touched rows).
 FBGEMM's CPU kernels train with SGD, Adagrad and row-wise Adagrad only (not Adam);
@@ -70,11 +72,19 @@ def _run_peer_process(argv: list[str], timeout: float, env: Mapping[str, str] | 
                       ) -> _PeerExit:
     """Run `argv` with `timeout` seconds; past them (or on Ctrl-C) its whole process group
     is killed, so that nothing it started holds on (a shell script's `python`, say).
-    OSError if it cannot start (not executable, not a program)."""
+    SIGTERM and SIGHUP sent to this process are passed on to that group (a session of its
+    own, which a terminal's Ctrl-C does not reach). OSError if it cannot start (not
+    executable, not a program)."""
     child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                              env=None if env is None else dict(env), start_new_session=True)
+
+    def forward(signum: int, _: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signum)
+
     try:
-        _, stderr = child.communicate(timeout=timeout)
+        with handling_signals((signal.SIGTERM, signal.SIGHUP), forward):
+            _, stderr = child.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill_group(child)
         return _PeerExit(None, "")
