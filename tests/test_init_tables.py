@@ -131,7 +131,8 @@ def test_variables_that_cannot_fit_are_refused_before_any_allocation() -> None:
     allocation could fill the machine until the OOM killer ended the process)."""
     import pytest
 
-    from tilecore.ops._memory import host_memory_bytes, variables_bytes
+    from tilecore import host_memory_bytes
+    from tilecore.ops._memory import variables_bytes
     from tilecore_apps.dlrm._tables import init_variables
 
     huge = tc.TableSpec(name="huge", vocab_size=2**31 - 1024, embedding_dim=256,

@@ -9,7 +9,7 @@ from pathlib import Path
 SRC = Path(__file__).parent.parent / "src"
 
 LAYERS = [
-    ["_numba"],
+    ["_numba", "_host"],
     ["specs"],
     ["stacking", "optimizers"],
     ["preprocessing"],

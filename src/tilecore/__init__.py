@@ -4,6 +4,7 @@ The public surface: specs (tables, features, optimizers, topology), stacking
 plans, and host preprocessing into packed per-partition buffers.
 """
 
+from ._host import host_memory_bytes as host_memory_bytes
 from .fdo import CsvFdoClient as CsvFdoClient
 from .fdo import FdoClient as FdoClient
 from .fdo import NpzFdoClient as NpzFdoClient

@@ -11,28 +11,12 @@ lower bound, so a refused run could not have finished.
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
-from tilecore import data
+from tilecore import data, host_memory_bytes
 
 _GIB = 2**30
-
-
-def host_memory_bytes() -> int | None:
-    """Physical memory plus swap of this host (Linux `/proc/meminfo`, else `sysconf`), or
-    None when unknown (the library's `host_memory_bytes`, without importing JAX)."""
-    try:
-        with open("/proc/meminfo") as f:
-            fields = dict(line.split(":", 1) for line in f if ":" in line)
-        return sum(int(fields[k].split()[0]) * 1024 for k in ("MemTotal", "SwapTotal"))
-    except (OSError, KeyError, ValueError):
-        pass
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (OSError, ValueError, AttributeError):
-        return None
 
 
 def check_memory(need: int, what: str, fix: str) -> None:

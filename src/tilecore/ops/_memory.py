@@ -8,12 +8,11 @@ without a word.
 
 from __future__ import annotations
 
-import os
-
 import jax
 import numpy as np
 from jax.sharding import Mesh
 
+from .._host import host_memory_bytes
 from ..stacking import StackingPlan
 
 _GIB = 2**30
@@ -28,21 +27,6 @@ def variables_bytes(plan: StackingPlan) -> dict[str, int]:
         slots = 4 * len(spec.optimizer.slot_names)
         out[name] = spec.vocab_size * spec.embedding_dim * (table + slots)
     return out
-
-
-def host_memory_bytes() -> int | None:
-    """Physical memory plus swap of this host (Linux `/proc/meminfo`, else `sysconf`),
-    or None when unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            fields = dict(line.split(":", 1) for line in f if ":" in line)
-        return sum(int(fields[k].split()[0]) * 1024 for k in ("MemTotal", "SwapTotal"))
-    except (OSError, KeyError, ValueError):
-        pass
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (OSError, ValueError, AttributeError):
-        return None
 
 
 def check_memory(plan: StackingPlan, *, mesh: Mesh | None = None) -> None:
