@@ -63,6 +63,33 @@ def test_bench_step_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[st
     # slot each) moved onto huge pages, where the kernel has them.
     moved = round(result["huge_pages_gb"] * 1e9)
     assert moved % (2 << 20) == 0 and moved <= 2 * 26 * 1000 * 32 * 4
+    assert result["other_cpus"] is None or result["other_cpus"] >= 0
+
+
+def test_other_processes_load_is_measured_and_said() -> None:
+    """On a shared machine a busy neighbour doubled the timed calls of tilecore and FBGEMM
+    alike: each run records how many CPUs other processes kept busy, and says so."""
+    import subprocess
+    import sys
+    import time
+
+    from tilecore_apps.bench._machine import OtherLoad
+    from tilecore_apps.bench._step import _contention
+
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        load = OtherLoad.start()
+        time.sleep(1.0)
+        cpus = load.cpus()
+    finally:
+        busy.kill()
+        busy.wait()
+    assert cpus is None or cpus > 0.5  # the neighbour's loop (and whatever else runs)
+    quiet = {"other_cpus": 0.05, "peer_other_cpus": None, "cpu_count": 2}
+    assert _contention(quiet) == []
+    said = _contention({**quiet, "peer_other_cpus": 0.9})
+    assert len(said) == 1 and "0.1 while tilecore was timed, 0.9 while FBGEMM was" in said[0]
 
 
 def test_bench_step_without_naive(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ from .._common import (
 )
 from .._fits import check_batches
 from .._options import output_file, positive_float, positive_int, program, seed_int
-from ._machine import machine_facts
+from ._machine import OtherLoad, machine_facts
 from ._memory import PeakProbe, mapped_file_mb
 from ._timing import median_seconds
 
@@ -236,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
     result.update(minibatching=args.minibatching,
                   num_minibatches=[int(np.max(b.num_minibatches)) for b, _ in prepped])
     result.update(peak_rss_mb=peak_mb, step_peak_rss_mb=times.step_peak_mb,
-                  file_rss_mb=times.file_mb,
+                  file_rss_mb=times.file_mb, other_cpus=times.other_cpus,
                   huge_pages_gb=times.huge_page_bytes / 1e9, **peer)
     result.update(ids_per_batch=ids, forward_ids_per_s=ids / forward_s, ids_per_s=ids / step_s,
                   dropped_ids=sum(stats.dropped_ids for _, stats in prepped),
@@ -270,8 +270,10 @@ def _peer(args: argparse.Namespace, features: list[tc.FeatureSpec],
                            "update_fraction_of_copy": updated / copy}
     if args.peer_python is None:
         return out
+    load = OtherLoad.start()
     peer = run_peer(args.peer_python, features, raw, optimizer, args.optimizer, timing,
                     args.seed, huge_pages)
+    out["peer_other_cpus"] = load.cpus()  # the peer's whole run: its set-up too
     out.update(peer_forward_ms=peer["forward_s"] * 1e3, peer_step_ms=peer["step_s"] * 1e3,
                peer_threads=peer["threads"], peer_peak_rss_mb=peer["peak_rss_mb"],
                peer_step_peak_rss_mb=peer["step_peak_rss_mb"],
@@ -331,6 +333,7 @@ class FusedTimes(NamedTuple):
     step_peak_mb: float
     huge_page_bytes: int
     file_mb: float
+    other_cpus: float | None  # CPUs other processes kept busy while the calls were timed
 
 
 def _time_fused(plan: tc.StackingPlan, prepped: list[tc.PreprocessedBatch], mesh: Any,
@@ -362,14 +365,15 @@ def _time_fused(plan: tc.StackingPlan, prepped: list[tc.PreprocessedBatch], mesh
         for i in range(warmup):
             jax.block_until_ready(call(i))
     setup_peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
-    probe = PeakProbe.start()  # resets the peak: ru_maxrss too
+    probe, load = PeakProbe.start(), OtherLoad.start()  # the probe resets ru_maxrss too
     forward_s = median_seconds(lambda i: forward_call(warmup + i), warmup=0, repeats=repeats)
     step_s = median_seconds(lambda i: steps(warmup + i), warmup=0, repeats=repeats)
+    other = load.cpus()
     peak_mb = probe.peak_bytes() / 2**20
     file_mb = mapped_file_mb()
     steps.variables = None
     gc.collect()  # the tables go; the rest before the naive step runs
-    return FusedTimes(forward_s, step_s, setup_peak_mb, peak_mb, moved, file_mb)
+    return FusedTimes(forward_s, step_s, setup_peak_mb, peak_mb, moved, file_mb, other)
 
 
 def _result(args: argparse.Namespace, batch_size: int, stacks: int, forward_s: float,
@@ -448,7 +452,25 @@ def _print(r: dict[str, Any]) -> None:
             f"  speedup vs naive: forward {r['forward_speedup_vs_naive']:.1f}x, step "
             f"{r['speedup_vs_naive']:.1f}x (naive update: {r['naive_update']})",
         ]
+    lines += _contention(r)
     print("\n".join(lines), file=sys.stdout)
+
+
+BUSY_CPUS = 0.25
+"""Other processes' CPUs above which a run's times are said to be inflated."""
+
+
+def _contention(r: dict[str, Any]) -> list[str]:
+    """A line saying that other processes competed for the CPUs while the calls were timed
+    (the times and ratios then mean little), or none."""
+    busy = {who: r.get(key) for who, key in (("tilecore", "other_cpus"),
+                                              ("FBGEMM", "peer_other_cpus"))}
+    busy = {who: cpus for who, cpus in busy.items() if cpus is not None}
+    if not any(cpus > BUSY_CPUS for cpus in busy.values()):
+        return []
+    said = ", ".join(f"{cpus:.1f} while {who} was timed" for who, cpus in busy.items())
+    return [f"  warning: other processes kept CPUs busy ({said}, of {r['cpu_count']}): "
+            "these times are inflated; run again on an idle machine"]
 
 
 def _row(name: str, ms: float, examples: float, ids: float) -> str:
