@@ -75,6 +75,7 @@ __all__ = [
     "TuneReport",
     "auto_stack_tables",
     "coo_buffer_size_per_device",
+    "host_memory_bytes",
     "plan_stacking",
     "preprocess",
     "row_pointers_size_per_device",
