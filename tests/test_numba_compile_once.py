@@ -176,9 +176,7 @@ HEALED = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("damage", [b"", b"\x80\x05garbage" * 10])
-def test_a_damaged_cache_entry_is_compiled_and_written_again(tmp_path: Path,
-                                                             damage: bytes) -> None:
+def test_a_damaged_cache_entry_is_compiled_and_written_again(tmp_path: Path) -> None:
     """A truncated or overwritten index of numba's cache raised an UnpicklingError from
     deep inside numba in every later process (and turned the CPU kernels off through the
     wing's probe): now the entry is dropped with a warning naming it, compiled and written
@@ -200,8 +198,8 @@ def test_a_damaged_cache_entry_is_compiled_and_written_again(tmp_path: Path,
     assert run() == {"values": [12, 5], "warnings": []}  # compiled and written
     indexes = sorted((tmp_path / "cache").rglob("*.nbi"))
     assert len(indexes) == 2
-    for index in indexes:
-        index.write_bytes(damage)
+    indexes[0].write_bytes(b"")  # truncated to nothing
+    indexes[1].write_bytes(b"\x80\x05garbage" * 10)  # overwritten
     first = run()
     assert first["values"] == [12, 5]
     # The cfunc compiles at import, before the module records warnings: its warning goes
