@@ -20,6 +20,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal, get_args
 
@@ -40,13 +41,14 @@ STRING_FEATURE = "c01"
 hold them."""
 
 
-def _batches(dataset: ClickDataset, rows: int, held_out: bool) -> list[tuple[ClickBatch, int]]:
+def _batches(dataset: ClickDataset, rows: int, held_out: bool
+             ) -> Iterator[tuple[ClickBatch, int]]:
     """The first `rows` rows of `dataset`'s training (or held-out) batches: (batch, rows to
-    use)."""
+    use), made one at a time as the writer takes them (a list of them all held every row
+    in memory before the first was written)."""
     get = dataset.eval_batch if held_out else dataset.train_batch
-    count = -(-rows // dataset.batch_size)
-    return [(get(i), min(dataset.batch_size, rows - i * dataset.batch_size))
-            for i in range(count)]
+    for i in range(-(-rows // dataset.batch_size)):
+        yield get(i), min(dataset.batch_size, rows - i * dataset.batch_size)
 
 
 def _criteo_lines(batch: ClickBatch, rows: int, seed: int, step: int) -> list[str]:
