@@ -246,6 +246,13 @@ def test_train_with_too_many_cpu_devices_is_refused_at_once() -> None:
            in done.stderr, done.stderr
 
 
+def test_train_topology_errors_name_the_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    """Not a power of two: the error named Topology's fields, not the flags given."""
+    assert main(["train", "--devices", "100000", "--steps", "1"]) == 2
+    assert "tilecore train: error: --devices 100000 --sc-per-device 4: Topology: " \
+           "global_devices × sc_per_device must be a power of two" in capsys.readouterr().err
+
+
 # --- bench step --minibatch-split, bench preprocess --warmup ------------------------------
 
 

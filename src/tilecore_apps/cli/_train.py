@@ -164,7 +164,11 @@ def _topology(args: argparse.Namespace) -> tc.Topology:
                 raise ValueError(f"{flag} {given} contradicts --topology {topology}; "
                                  "give one of them.")
         return topology
-    return tc.Topology(global_devices=args.devices or 1, sc_per_device=args.sc_per_device or 4)
+    devices, sc = args.devices or 1, args.sc_per_device or 4
+    try:
+        return tc.Topology(global_devices=devices, sc_per_device=sc)
+    except ValueError as error:  # the library's words are its fields': name the flags
+        raise ValueError(f"--devices {devices} --sc-per-device {sc}: {error}") from None
 
 
 def _saved_topology(run_dir: Path, step: int) -> str:
