@@ -13,8 +13,9 @@ device, as a `Wing`:
 
 `wing()` decides once per process ($TILECORE_KERNELS: auto, ffi, xla, pallas or
 pallas-interpret; auto takes the CPU wing on the CPU backend when its FFI probe
-passes, else XLA's with a warning saying why, and never the Pallas wing, whose training step measured 6x slower
-than XLA's on an NVIDIA H200 at batch 4096, 23x at 65536). Public functions take no
+passes, else XLA's with a warning saying why, and never the Pallas wing, whose
+training step measured 6x slower than XLA's on an NVIDIA H200 at batch 4096, 23x at
+65536). Public functions take no
 backend flags. The numpy oracle in `tilecore.testing` is the contract every wing meets;
 the tests run every wing against it (the Pallas kernels interpreted, on CPU).
 """

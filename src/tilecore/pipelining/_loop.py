@@ -5,10 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any, NamedTuple
 
-import jax
-
 from ._sharding import place_like
-from ._state import TrainState, placeholder_input
+from ._state import TrainState, is_deleted, placeholder_input
 from ._train_step import TrainStep
 from ._types import StepInput
 
@@ -87,8 +85,7 @@ class TrainingRun(Iterator[StepResult]):
                 self.state, out = step(self.state, inputs)
                 yield StepResult(last - 1, out.outputs)
         except Exception as error:
-            if not any(getattr(x, "is_deleted", lambda: False)()
-                       for x in jax.tree.leaves(self.state)):
+            if not is_deleted(self.state):
                 try:
                     self._complete()
                 except Exception as also:

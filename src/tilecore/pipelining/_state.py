@@ -64,6 +64,12 @@ class TrainState(NamedTuple):
     pipeline: PipelineState | None = None
 
 
+def is_deleted(state: TrainState) -> bool:
+    """Whether an array of `state` is deleted: a donating step took it (and then failed,
+    if the caller still holds it)."""
+    return any(getattr(x, "is_deleted", lambda: False)() for x in jax.tree.leaves(state))
+
+
 def empty_batch(like: PreprocessedBatch) -> PreprocessedBatch:
     """A batch shaped like `like` that holds no IDs (numpy, on the host).
 

@@ -12,7 +12,7 @@ from jax.sharding import NamedSharding
 
 from ..distributed._together import note_step
 from ._sharding import mesh_shardings
-from ._state import TrainState
+from ._state import TrainState, is_deleted
 from ._step import initial_state, pipelined_step, plain_step
 from ._types import Stages, StepInput, StepOutput, Variables, check_input
 
@@ -108,8 +108,7 @@ class TrainStep:
         try:
             return step(state, inputs, fake_tc_step=fake_tc_step)
         except Exception as error:
-            if self.donate and any(getattr(x, "is_deleted", lambda: False)()
-                                   for x in jax.tree.leaves(state)):
+            if self.donate and is_deleted(state):
                 error.add_note(
                     "tilecore: this TrainStep donates its state (donate=True) and the failed "
                     "step had taken it, so the state passed in is gone (its arrays are "

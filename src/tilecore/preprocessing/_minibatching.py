@@ -286,9 +286,8 @@ def keep_sorted(
 def _entries_of(stack: StackPacking, index: int, sc_per_device: int) -> Entries:
     """SparseCore `index`'s entries of `stack` (pass 2, before any packing): those
     pass 1 kept (sorted, not merged), or read back from its packing (`in_slot`),
-    merged already. That
-    packing stayed within the limits in every partition, hence in every minibatch,
-    so pass 2 drops none of its entries (`pack_minibatches` checks it).
+    merged already. That packing stayed within the limits in every partition, hence in
+    every minibatch, so pass 2 drops none of its entries (`pack_minibatches` checks it).
     """
     kept = stack.sorted[index]
     if kept.entries is not None:

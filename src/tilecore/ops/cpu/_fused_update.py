@@ -21,7 +21,7 @@ import importlib.util
 import sys
 import threading
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -201,7 +201,7 @@ def _load(rule: RuleSource, half: bool) -> types.ModuleType:
     return _run(module, lambda: loader.exec_module(module))
 
 
-def _run(module: types.ModuleType, execute: Any) -> types.ModuleType:
+def _run(module: types.ModuleType, execute: Callable[[], object]) -> types.ModuleType:
     """`module` after `execute()` runs it, in `sys.modules` meanwhile; removed again if
     it raises, so that the next call starts afresh."""
     sys.modules[module.__name__] = module
