@@ -38,7 +38,7 @@ pytestmark = pytest.mark.skipif(wing().name != "cpu", reason="the CPU wing is no
 
 @pytest.mark.parametrize("name", OPTIMIZERS)
 def test_every_optimizer_takes_the_fused_kernel(name: str) -> None:
-    source = rule_source(OPTIMIZERS[name])
+    source = rule_source(OPTIMIZERS[name], 8)
     assert source is not None
     assert source.num_slots == len(OPTIMIZERS[name].slot_names)
     assert "def rule(" in source.source
@@ -55,7 +55,7 @@ def _rowwise_adagrad(grad: Any, row: Any, accumulator: Any, learning_rate: Any
 def test_a_rule_that_reduces_a_row_falls_back_and_matches_the_oracle() -> None:
     spec = tc.CustomOptimizer(update_fn=_rowwise_adagrad, learning_rate=0.1,
                               slot_initial_value_tuple=(0.2,))
-    assert rule_source(spec) is None and fused_kernels(spec) is None
+    assert rule_source(spec, 8) is None and fused_kernels(spec, np.float32, 8) is None
     case = RICH.with_optimizer("rowwise", spec)
     check_against_oracle(case, run_steps(case, steps=2), oracle_steps(case, steps=2))
 
@@ -75,7 +75,7 @@ def _mixed_rule(grad: Any, row: Any, slot: Any, lr: Any, power: Any, flag: Any
 def test_generated_rule_equals_the_jnp_rule() -> None:
     spec = tc.CustomOptimizer(update_fn=_mixed_rule, learning_rate=0.1,
                               slot_initial_value_tuple=(0.3,), extra_hyperparameters=(-0.5, 3))
-    kernels = fused_kernels(spec)
+    kernels = fused_kernels(spec, np.float32, 6)
     assert kernels is not None and kernels.rule.hyper_kinds == ("f", "f", "i")
     rng = np.random.default_rng(0)
     table = rng.normal(0, 1, (40, 6)).astype(np.float32)
@@ -169,7 +169,7 @@ def test_update_parts_write_their_own_rows_and_add_up_to_the_whole(sorted_runs: 
     rng = np.random.default_rng(5)
     for name, layout in stack_layouts(plan).items():
         spec = plan.stacks[name].optimizer
-        kernels = fused_kernels(spec)
+        kernels = fused_kernels(spec, np.float32, layout.dim)
         kernel = kernels.update_buffers.kernel
         hf, hi = (np.asarray(x) for x in _hyper_operands(kernels.rule, spec, 3, None))
         rows = layout.rows_per_device
@@ -212,7 +212,7 @@ def test_update_rows_parts_write_their_own_rows_and_add_up_to_the_whole() -> Non
     from tilecore.ops.cpu._fused_update import _hyper_operands
 
     spec = OPTIMIZERS["adagrad"]
-    kernels = fused_kernels(spec)
+    kernels = fused_kernels(spec, np.float32, 8)
     kernel = kernels.update_rows.kernel
     hf, hi = (np.asarray(x) for x in _hyper_operands(kernels.rule, spec, 3, None))
     rng = np.random.default_rng(6)
@@ -262,15 +262,24 @@ def test_rates_and_hyperparameters_of_any_number_type_update_alike(kernels: str)
     assert sizes == [64.0, 64.0, 96.0, 16.0]
 
 
-@pytest.mark.parametrize("broken", ["narrow row", "scalar slot", "transposed row"])
+@pytest.mark.parametrize("broken", ["narrow row", "five of eight columns", "scalar slot",
+                                    "transposed row", "integer row", "no tuple"])
 def test_a_rule_returning_rows_of_another_shape_is_refused(kernels: str, broken: str) -> None:
     """On the CPU wing a [rows, 1] row was scattered as [rows, dim]: values read past the
-    rule's output went into the table; the XLA wing broadcast it over the row."""
-    def rule(grad: Any, row: Any, slot: Any, lr: Any) -> tuple[Any, Any]:
+    rule's output went into the table; the XLA wing broadcast it over the row. A rule
+    keeping five of eight columns was compiled in as a whole row (traced on 3 columns,
+    its slice was the row), and integer rows were rounded in silence."""
+    def rule(grad: Any, row: Any, slot: Any, lr: Any) -> Any:
         if broken == "narrow row":
             return row[:, :1] - lr * grad[:, :1], slot
+        if broken == "five of eight columns":
+            return (row - lr * grad)[:, :5], (slot + grad)[:, :5]
         if broken == "scalar slot":
             return row - lr * grad, jnp.float32(0.0)
+        if broken == "integer row":
+            return (row - lr * grad).astype(jnp.int32), slot
+        if broken == "no tuple":
+            return row - lr * grad
         return (row - lr * grad).T, slot
 
     table = tc.TableSpec(name="t", vocab_size=64, embedding_dim=8, combiner="sum",
@@ -280,6 +289,34 @@ def test_a_rule_returning_rows_of_another_shape_is_refused(kernels: str, broken:
                             tc.Topology(global_devices=1, sc_per_device=2))
     batch, _ = tc.preprocess(plan, {"f": np.arange(16).reshape(16, 1)})
     variables = ops.init_tables(plan, jax.random.key(0))
-    with pytest.raises(ValueError, match=r"The CustomOptimizer update rule returned (new_row|new slot "
-                                         r"0) of shape \(.*\); expected \(\d+, 8\)"):
+    message = {"integer row": r"returned new_row of dtype int32; expected floating-point rows",
+               "no tuple": r"returned a \w+, not a tuple; expected a tuple \(new_row, \*new_slots\) "
+                           r"of 2 arrays"}.get(
+        broken, r"returned (new_row|new slot 0) of shape \(.*\); expected \(\d+, 8\)")
+    with pytest.raises(ValueError, match=r"The CustomOptimizer update rule " + message):
         ops.lookup_grad(plan, batch, variables, {"f": jnp.ones((16, 8))}, 0)
+
+
+def test_a_rule_of_more_slots_than_a_kernel_call_can_pass_runs_in_jax(kernels: str) -> None:
+    """Ten slots made the fused kernel's calls 34 arguments long, which numba cannot
+    compile (it raised `UnsupportedError` from the generated module); such a rule now
+    runs in JAX, on either wing, and updates every slot."""
+    def rule(grad: Any, row: Any, *rest: Any) -> tuple[Any, ...]:
+        *slots, lr = rest
+        return (row - lr * grad, *(s + (k + 1) * grad for k, s in enumerate(slots)))
+
+    spec = tc.CustomOptimizer(update_fn=rule, learning_rate=0.5,
+                              slot_initial_value_tuple=(0.0,) * 10)
+    assert fused_kernels(spec, np.float32, 8) is None
+    table = tc.TableSpec(name="t", vocab_size=64, embedding_dim=8, combiner="sum",
+                         optimizer=spec)
+    plan = tc.plan_stacking([tc.FeatureSpec(name="f", table=table, input_shape=(16, 1))],
+                            tc.Topology(global_devices=1, sc_per_device=2))
+    batch, _ = tc.preprocess(plan, {"f": np.arange(16).reshape(16, 1)})
+    variables = ops.init_tables(plan, jax.random.key(0))
+    after = ops.lookup_grad(plan, batch, variables, {"f": jnp.ones((16, 8))}, 0)["t"]
+    rows = ops.unshard(plan, {"t": after.table})["t"][:16]
+    before = ops.unshard(plan, {"t": variables["t"].table})["t"][:16]
+    np.testing.assert_allclose(rows, before - 0.5, rtol=1e-6)
+    for k, slot in enumerate(after.slots):
+        np.testing.assert_array_equal(ops.unshard(plan, {"t": slot})["t"][:16], k + 1.0)

@@ -316,7 +316,7 @@ def test_a_rule_without_fused_kernel(kernels: str) -> None:
     del kernels
     from tilecore.ops.cpu._fused_update import fused_kernels
 
-    assert fused_kernels(ROWWISE, jnp.bfloat16) is None
+    assert fused_kernels(ROWWISE, jnp.bfloat16, 16) is None
     check_half_against_oracle(UNFUSED, _half_run(UNFUSED, steps=2))
 
 

@@ -236,6 +236,10 @@ def test_hyperparameters() -> None:
     (lambda: tc.F2A(max_lr_multiplier=0.0), "F2A: max_lr_multiplier"),
     (lambda: tc.CustomOptimizer(update_fn=lambda *a: a, slot_initial_value_tuple=(float("inf"),)),
      "CustomOptimizer: slot_initial_value_tuple"),
+    (lambda: tc.CustomOptimizer(update_fn=lambda *a: a, extra_hyperparameters=(0.5, float("nan"))),
+     r"CustomOptimizer: extra_hyperparameters must be a finite number, got .*nan"),
+    (lambda: tc.CustomOptimizer(update_fn=lambda *a: a, extra_hyperparameters=("x",)),
+     r"CustomOptimizer: extra_hyperparameters must be a finite number, got .*'x'"),
 ])
 def test_optimizer_rejects_bad_values(make: Any, match: str) -> None:
     with pytest.raises(ValueError, match=match):

@@ -107,17 +107,23 @@ def updated(variables: EmbeddingVariables, rows: jax.Array, grads: jax.Array,
     if half:  # the rule runs in float32
         gathered[0] = gathered[0].astype(jnp.float32)
     new = rule(grads, *gathered, *hyperparameters)
-    if len(new) != len(arrays):
+    if not isinstance(new, tuple | list) or len(new) != len(arrays):
+        got = (f"{len(new)} arrays" if isinstance(new, tuple | list)
+               else f"a {type(new).__name__}, not a tuple")
         raise ValueError(
-            f"The {type(spec).__name__} update rule returned {len(new)} arrays; "
-            f"expected (new_row, *new_slots), {len(arrays)} arrays."
+            f"The {type(spec).__name__} update rule returned {got}; expected a tuple "
+            f"(new_row, *new_slots) of {len(arrays)} arrays."
         )
     for k, (value, before) in enumerate(zip(new, gathered, strict=True)):
+        what = "new_row" if k == 0 else f"new slot {k - 1}"
         if jnp.shape(value) != before.shape:  # a broadcast would write garbage in silence
-            what = "new_row" if k == 0 else f"new slot {k - 1}"
             raise ValueError(
                 f"The {type(spec).__name__} update rule returned {what} of shape "
                 f"{jnp.shape(value)}; expected {before.shape} (the rows it was given).")
+        if not jnp.issubdtype(jnp.result_type(value), jnp.floating):  # cast, it would round
+            raise ValueError(
+                f"The {type(spec).__name__} update rule returned {what} of dtype "
+                f"{jnp.result_type(value)}; expected floating-point rows.")
     new_row, *new_slots = new
     if clip is not None:
         new_row = jnp.clip(new_row, clip[0], clip[1])

@@ -340,6 +340,9 @@ class CustomOptimizer(OptimizerSpec):
             raise TypeError(f"CustomOptimizer: update_fn must be callable, got {self.update_fn!r}.")
         for value in self.slot_initial_value_tuple:
             _check_finite("CustomOptimizer", "slot_initial_value_tuple", value)
+        for value in self.extra_hyperparameters:  # bools and ints reach the rule as ints
+            if not isinstance(value, bool):
+                _check_finite("CustomOptimizer", "extra_hyperparameters", value)
 
     def slot_initial_values(self) -> tuple[float, ...]:
         return tuple(self.slot_initial_value_tuple)

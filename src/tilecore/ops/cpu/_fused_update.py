@@ -245,19 +245,31 @@ def _register(rule: RuleSource, dtype: np.dtype) -> FusedKernels:
     return FusedKernels(rule, buffers, rows)
 
 
-def fused_kernels(spec: OptimizerSpec, dtype: Any = np.float32) -> FusedKernels | None:
+MAX_CALL_ARGUMENTS = 30
+"""CPython compiles a call of more than 30 arguments into a list turned into a tuple
+(`LIST_TO_TUPLE`), which numba cannot compile: a rule whose kernels' calls would pass more
+(more than 8 slots, or than 28 slots and hyperparameters together) runs in JAX."""
+
+
+def fused_kernels(spec: OptimizerSpec, dtype: Any, dim: int) -> FusedKernels | None:
     """The fused kernels of `spec`'s rule on a table of `dtype` (float32, bfloat16,
-    float16), or None when the rule must run in JAX."""
-    source = _rule_source_cached(update_rule(spec), type(spec), spec)
-    return None if source is None else _kernels_for(source, np.dtype(dtype))
+    float16) and rows of `dim` values, or None when the rule must run in JAX."""
+    source = _rule_source_cached(update_rule(spec), type(spec), spec, dim)
+    if source is None or max(14 + 2 * source.num_slots,  # update_buffers
+                             2 + source.num_slots + len(source.hyper_kinds)  # rule
+                             ) > MAX_CALL_ARGUMENTS:
+        return None
+    return _kernels_for(source, np.dtype(dtype))
 
 
-def _rule_source_cached(rule: Any, kind: type, spec: OptimizerSpec) -> RuleSource | None:
+def _rule_source_cached(rule: Any, kind: type, spec: OptimizerSpec, dim: int
+                        ) -> RuleSource | None:
     # The source depends on each hyperparameter's kind (float or int operand), so two specs
     # of one rule whose hyperparameters differ in kind get sources of their own.
-    key = (rule, kind, len(spec.slot_names), tuple(map(hyper_kind, spec.hyperparameters(0))))
+    key = (rule, kind, len(spec.slot_names), tuple(map(hyper_kind, spec.hyperparameters(0))),
+           dim)
     if key not in _SOURCES:
-        _SOURCES[key] = rule_source(spec)
+        _SOURCES[key] = rule_source(spec, dim)
     return _SOURCES[key]
 
 

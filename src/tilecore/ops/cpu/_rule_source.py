@@ -24,8 +24,6 @@ from jax.extend.core import Literal
 from ...optimizers import update_rule
 from ...specs import OptimizerSpec
 
-_BLOCK = (2, 3)  # traced [rows, dim]: any equation with another shape is not elementwise
-
 _UNARY: dict[str, Callable[[str], str]] = {
     "neg": lambda a: f"-{a}",
     "sqrt": lambda a: f"np.sqrt({a})",
@@ -99,28 +97,37 @@ def hyper_kind(value: Any) -> str | None:
     return None
 
 
-def rule_source(spec: OptimizerSpec) -> RuleSource | None:
-    """`spec`'s update rule as scalar source, or None when it is not elementwise."""
+def rule_source(spec: OptimizerSpec, dim: int) -> RuleSource | None:
+    """`spec`'s update rule as scalar source, or None when it is not elementwise on rows of
+    `dim` values (or returns other shapes or dtypes: JAX's path then reports the error).
+
+    The rule is traced on a `[dim + 1, dim]` block: on a block of another width a rule that
+    slices its rows (`row[:, :5]` on a width of 3) traced as a whole row and was compiled
+    in, updating every column; and rows never as many as columns, so no transposition
+    passes for elementwise. The source has no shapes in it: every width shares its kernels.
+    """
     hyperparameters = spec.hyperparameters(0)
     kinds = tuple(hyper_kind(h) for h in hyperparameters)
     if None in kinds:
         return None
-    block = jax.ShapeDtypeStruct(_BLOCK, jnp.float32)
+    shape = (dim + 1, dim)
+    block = jax.ShapeDtypeStruct(shape, jnp.float32)
     scalars = [jax.ShapeDtypeStruct((), jnp.float32 if k == "f" else jnp.int32) for k in kinds]
     num_slots = len(spec.slot_names)
     params = ["grad", "row", *(f"slot{i}" for i in range(num_slots)),
               *(f"hyper{i}" for i in range(len(kinds)))]
     try:
         closed = jax.make_jaxpr(update_rule(spec))(*[block] * (2 + num_slots), *scalars)
-        writer = _Writer()
+        writer = _Writer(shape)
         outputs = writer.inline(closed, params)
     except NotElementwise:
         return None
     except Exception:  # a rule that cannot trace on a block: JAX's path reports its error
         return None
     if len(outputs) != 1 + num_slots or any(
-            tuple(aval.shape) != _BLOCK for aval in closed.out_avals):  # pyright: ignore[reportAttributeAccessIssue]
-        return None  # not a row per row: JAX's path reports the rule's error
+            tuple(aval.shape) != shape or aval.dtype != jnp.float32
+            for aval in closed.out_avals):  # pyright: ignore[reportAttributeAccessIssue]
+        return None  # not float32 rows for rows: JAX's path reports the rule's error
     body = [f"    {line}" for line in writer.lines]
     body.append(f"    return ({', '.join(f'np.float32({o})' for o in outputs)},)")
     source = "\n".join([
@@ -138,7 +145,8 @@ def rule_source(spec: OptimizerSpec) -> RuleSource | None:
 class _Writer:
     """Turns jaxpr equations into numbered scalar assignments."""
 
-    def __init__(self) -> None:
+    def __init__(self, block: tuple[int, int]) -> None:
+        self.block = block  # the traced [rows, dim]: a value of another shape is not elementwise
         self.lines: list[str] = []
         self.constants: list[str] = []
         self._count = 0
@@ -149,7 +157,7 @@ class _Writer:
 
     def _constant(self, value: Any) -> str:
         array = np.asarray(value)
-        if array.ndim != 0 and array.shape != _BLOCK:
+        if array.ndim != 0 and array.shape != self.block:
             raise NotElementwise(f"constant of shape {array.shape}")
         if array.ndim and not np.all(array == array.flat[0]):
             raise NotElementwise("a non-uniform constant block")
@@ -174,7 +182,7 @@ class _Writer:
         for var, const in zip(jaxpr.constvars, consts, strict=True):
             env[var] = self._constant(const)
         for var, name in zip(jaxpr.invars, args, strict=True):
-            _check_shape(var.aval)
+            self._check(var.aval)
             env[var] = name
 
         def read(atom: Any) -> str:
@@ -184,7 +192,7 @@ class _Writer:
 
         for eqn in jaxpr.eqns:
             for var in eqn.outvars:
-                _check_shape(var.aval)
+                self._check(var.aval)
             ins = [read(a) for a in eqn.invars]
             outs = self._equation(eqn, ins)
             for var, name in zip(eqn.outvars, outs, strict=True):
@@ -224,6 +232,13 @@ class _Writer:
             return [ins[0]]  # a scalar spread over the block: the same scalar per element
         raise NotElementwise(f"primitive {name}")
 
+    def _check(self, aval: Any) -> None:
+        shape = getattr(aval, "shape", None)
+        if shape not in ((), self.block):
+            raise NotElementwise(f"a value of shape {shape}")
+        if np.dtype(aval.dtype) not in _CASTS:
+            raise NotElementwise(f"a value of dtype {aval.dtype}")
+
     def _assign(self, expression: str) -> str:
         name = self._fresh()
         self.lines.append(f"{name} = {expression}")
@@ -235,11 +250,3 @@ def _integer_pow(x: str, y: int) -> str:
         return "_ONE"
     product = " * ".join([x] * abs(y)) if abs(y) <= 4 else f"np.power({x}, np.float32({abs(y)}))"
     return f"({product})" if y > 0 else f"(_ONE / ({product}))"
-
-
-def _check_shape(aval: Any) -> None:
-    shape = getattr(aval, "shape", None)
-    if shape not in ((), _BLOCK):
-        raise NotElementwise(f"a value of shape {shape}")
-    if np.dtype(aval.dtype) not in _CASTS:
-        raise NotElementwise(f"a value of dtype {aval.dtype}")

@@ -50,7 +50,7 @@ def apply_update(variables: EmbeddingVariables, rows: jax.Array, sums: jax.Array
     touched rows, not the padded list). A half-precision table (`rounding` given) is
     read and written as 16-bit values either way, rounded stochastically by
     `_round16` in the fused pass, by `_rounding` in JAX on a chunk."""
-    kernels = fused_kernels(spec, variables.table.dtype)
+    kernels = fused_kernels(spec, variables.table.dtype, variables.table.shape[1])
     if kernels is not None:
         return fused_update_rows(kernels, variables, rows, sums, spec, step, clip, count,
                                  rounding)
@@ -87,7 +87,7 @@ def _update_local(flat: FlatBuffers, grads: Sequence[jax.Array],
     fused with the gradient sums, one pass over the sorted buffers reading each slice's
     gradients where they lie (a half-precision table too, see `apply_update`); another
     rule sums the gradients of a block of them first."""
-    kernels = fused_kernels(spec, variables.table.dtype)
+    kernels = fused_kernels(spec, variables.table.dtype, variables.table.shape[1])
     if kernels is not None:
         if not layout.minibatched:
             return fused_update_buffers(kernels, flat, grads, slices, variables, layout, spec,
