@@ -197,7 +197,8 @@ def test_options_columns_seeds_and_indices_of_the_wrong_kind(tmp_path: Path) -> 
     for kwargs, message in (({"batch_size": 2.5}, "batch_size must be an integer >= 1"),
                             ({"batch_size": True}, "batch_size must be an integer >= 1"),
                             ({"held_out_batches": 1.5}, "held_out_batches must be an integer"),
-                            ({"vocab_sizes": (10.5,)}, r"vocab_sizes must be integers >= 1")):
+                            ({"vocab_sizes": (10.5,)},
+                             r"vocab_sizes\[0\] must be an integer in \[1, \d+\], got 10.5")):
         with pytest.raises(ValueError, match=f"ReadOptions: {message}"):
             data.ReadOptions(**kwargs)  # type: ignore[arg-type]
     for kwargs, name in (({"sparse": "c00"}, "sparse"), ({"dense": "d0"}, "dense"),

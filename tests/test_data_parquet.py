@@ -104,7 +104,7 @@ def test_columns_as_configured(tmp_path: Path) -> None:
 @pytest.mark.parametrize("column, value, reason", [
     ("label", None, "the label must be 0 or 1, got None"),
     ("label", 2, "the label must be 0 or 1, got 2"),
-    ("price", math.nan, "dense values must be finite numbers, got nan"),
+    ("price", math.nan, r"dense values must be finite numbers \(within float32.s range\), got nan"),
     ("items", [1, None], "a list of IDs may not hold nulls"),
 ])
 def test_bad_rows_name_file_row_and_column(tmp_path: Path, column: str, value: object,

@@ -12,7 +12,9 @@ A batch file is in the one `.npz` batch layout every command reads
 `<feature>/row_splits` (int64, B + 1 entries) per feature, plus `dense` (`[B, D]`
 float32) and `labels` (`[B]`, 0 or 1). Files in the earlier layout
 (`<feature>.values`, `<feature>.row_splits`) are still read. Training steps cycle
-over the train files.
+over the train files. A file whose labels are not 0 or 1, or whose dense values
+are not finite, is refused (naming it and the value) as the stream readers refuse
+such a row; `clicks.json` is checked key by key (`_schema_json`).
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..preprocessing import Ragged
-from ..specs._numbers import is_integer
+from ._checks import DENSE_RULE, LABEL_RULE, bad_dense, bad_labels, check_index, check_integer
+from ._click_specs import features_by_table
 from ._clicks import ClickBatch, ClickFeature
 from ._files import npz_arrays, ragged_from_npz, read_npz
+from ._schema_json import feature_entries, read_json_file, read_object
 
 SCHEMA_FILE = "clicks.json"
 
@@ -49,12 +53,6 @@ class ClickSource(Protocol):
     def train_batch(self, step: int) -> ClickBatch: ...
 
     def eval_batch(self, index: int) -> ClickBatch: ...
-
-
-def _check_index(what: str, value: int) -> None:
-    """A batch index is an integer >= 0 (as the streamed sources require)."""
-    if not is_integer(value) or value < 0:
-        raise ValueError(f"{what} must be an integer >= 0, got {value!r}.")
 
 
 def _write_atomic(path: Path, content: bytes) -> None:
@@ -111,12 +109,12 @@ class ClickFiles:
 
     def train_batch(self, step: int) -> ClickBatch:
         """Training batch `step`: the files in name order, cycled."""
-        _check_index("train_batch: step", step)
+        check_index("train_batch: step", step)
         return self._read(self.train_files[step % len(self.train_files)])
 
     def eval_batch(self, index: int) -> ClickBatch:
         """Held-out batch `index` (cycled over the eval files)."""
-        _check_index("eval_batch: index", index)
+        check_index("eval_batch: index", index)
         return self._read(self.eval_files[index % len(self.eval_files)])
 
     def _read(self, path: Path) -> ClickBatch:
@@ -128,16 +126,33 @@ class ClickFiles:
             raise ValueError(f"Click file {path}: missing arrays {missing}; it holds "
                              f"{sorted(npz)}. Write it with write_click_files.")
         sparse: dict[str, Ragged] = {f.name: found[f.name] for f in self.features}
-        dense, labels = npz["dense"].astype(np.float32), npz["labels"].astype(np.float32)
+        dense, labels = _numbers(path, npz, "dense"), _numbers(path, npz, "labels")
         b, d = self.batch_size, self.num_dense
         if dense.shape != (b, d) or labels.shape != (b,):
             raise ValueError(f"Click file {path}: dense {dense.shape} and labels {labels.shape}; "
                              f"expected {(b, d)} and {(b,)} (clicks.json).")
+        for name, values, bad, rule in (("labels", labels, bad_labels(labels), LABEL_RULE),
+                                        ("dense", dense, bad_dense(dense), DENSE_RULE)):
+            if bad.any():
+                at = tuple(int(i) for i in np.argwhere(bad)[0])
+                raise ValueError(f"Click file {path}: {name}{list(at)} is "
+                                 f"{values[at].item()!r}: {rule} ({int(bad.sum())} of "
+                                 f"{bad.size} values are not).")
         for f in self.features:
             if len(sparse[f.name].row_splits) != b + 1:
                 raise ValueError(f"Click file {path}: feature {f.name!r} has "
                                  f"{len(sparse[f.name].row_splits) - 1} rows; expected {b}.")
-        return ClickBatch(sparse=sparse, dense=dense, labels=labels)
+        return ClickBatch(sparse=sparse, dense=dense.astype(np.float32),
+                          labels=labels.astype(np.float32))
+
+
+def _numbers(path: Path, npz: dict[str, np.ndarray], name: str) -> np.ndarray:
+    """The array `name` of a click file as float64 (booleans, integers and reals)."""
+    values = npz[name]
+    if values.dtype.kind not in "biuf":
+        raise ValueError(f"Click file {path}: {name} holds {values.dtype} values; it needs "
+                         "numbers.")
+    return values.astype(np.float64)
 
 
 def load_click_files(directory: str | Path) -> ClickFiles:
@@ -147,14 +162,24 @@ def load_click_files(directory: str | Path) -> ClickFiles:
     if not schema_path.is_file():
         raise ValueError(f"Click data {root}: no {SCHEMA_FILE}; write the directory with "
                          "tilecore.data.write_click_files.")
-    schema = json.loads(schema_path.read_text())
+    features, num_dense, batch_size = _read_schema(schema_path)
     train = tuple(sorted((root / "train").glob("*.npz")))
     evals = tuple(sorted((root / "eval").glob("*.npz")))
     if not train or not evals:
         raise ValueError(f"Click data {root}: found {len(train)} train/*.npz and {len(evals)} "
                          "eval/*.npz files; need at least one of each.")
-    return ClickFiles(
-        directory=root, features=tuple(ClickFeature(**f) for f in schema["features"]),
-        num_dense=int(schema["num_dense"]), batch_size=int(schema["batch_size"]),
-        train_files=train, eval_files=evals,
-    )
+    return ClickFiles(directory=root, features=features, num_dense=num_dense,
+                      batch_size=batch_size, train_files=train, eval_files=evals)
+
+
+def _read_schema(path: Path) -> tuple[tuple[ClickFeature, ...], int, int]:
+    """The features, dense features and batch size that `clicks.json` at `path` holds."""
+    schema = read_object(read_json_file(path), str(path), ("features", "num_dense", "batch_size"))
+    entries = feature_entries(schema["features"], f"{path}: features",
+                              optional=("max_ids", "exponent", "table"))
+    if not entries:
+        raise ValueError(f"{path}: features is empty; click data needs at least one feature.")
+    features = tuple(ClickFeature(**entry) for entry in entries)
+    features_by_table(features, str(path))  # names once, a shared table's sizes agree
+    return (features, check_integer(f"{path}: num_dense", schema["num_dense"], 1),
+            check_integer(f"{path}: batch_size", schema["batch_size"], 1))

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..preprocessing import Ragged
 from ..specs import FeatureSpec, TableSpec
+from ..specs._numbers import is_integer
 from ._workload import IdDistribution, Workload
 
 EVAL_STEP_OFFSET = 1 << 40
@@ -51,10 +52,11 @@ class ClickFeature:
     table: str | None = None
 
     def __post_init__(self) -> None:
-        if self.vocab_size < 1 or self.max_ids < 1:
+        if not (is_integer(self.vocab_size) and is_integer(self.max_ids)) or (
+                self.vocab_size < 1 or self.max_ids < 1):
             raise ValueError(
-                f"ClickFeature {self.name!r}: vocab_size and max_ids must be >= 1, got "
-                f"vocab_size={self.vocab_size}, max_ids={self.max_ids}."
+                f"ClickFeature {self.name!r}: vocab_size and max_ids must be integers >= 1, "
+                f"got vocab_size={self.vocab_size!r}, max_ids={self.max_ids!r}."
             )
         if self.table is not None and (not isinstance(self.table, str) or not self.table):
             raise ValueError(f"ClickFeature {self.name!r}: table must be a non-empty name or "

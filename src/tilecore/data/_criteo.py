@@ -69,21 +69,26 @@ class BadRowError(ValueError):
 
 class DamagedFileError(ValueError):
     """A data file whose bytes cannot be decoded past some point (a truncated or corrupt
-    gzip stream): names the file and the last line read. Skipping bad rows cannot pass
-    it: nothing after the damage can be read."""
+    gzip stream, a Parquet page that cannot be read): names the file and the last line
+    (or row) read. Skipping bad rows cannot pass it: nothing after the damage can be
+    read."""
 
-    def __init__(self, path: Path, line: int, reason: str) -> None:
-        super().__init__(f"{path}: damaged after line {line} ({reason}); nothing past it can "
-                         "be read. Use an intact copy, or cut the file at that line.")
-        self.path, self.line, self.reason = path, line, reason
+    def __init__(self, path: Path, line: int, reason: str, *, unit: str = "line") -> None:
+        super().__init__(f"{path}: damaged after {unit} {line} ({reason}); nothing past it "
+                         f"can be read. Use an intact copy, or cut the file at that {unit}.")
+        self.path, self.line, self.reason, self._unit = path, line, reason, unit
 
     def __reduce__(self) -> tuple[Any, ...]:  # pickled by input worker processes
-        return (type(self), (self.path, self.line, self.reason))
+        return (_damaged, (self.path, self.line, self.reason, self._unit))
 
 
 def _bad_row(path: Path, line: int, column: int | str | None, reason: str,
              unit: str) -> BadRowError:
     return BadRowError(path, line, column, reason, unit=unit)
+
+
+def _damaged(path: Path, line: int, reason: str, unit: str) -> DamagedFileError:
+    return DamagedFileError(path, line, reason, unit=unit)
 
 
 def diagnose(path: Path, line_number: int, line: str) -> BadRowError:

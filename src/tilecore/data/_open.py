@@ -112,4 +112,5 @@ def open_click_data(path: str | os.PathLike[str], options: ReadOptions | None = 
     return StreamedClicks(name=str(path), features=features, num_dense=num_dense,
                           batch_size=options.batch_size, train=train, parse=parse,
                           held_out=options.held_out_batches, eval_reader=eval_reader,
-                          skip_bad_rows=options.skip_bad_rows, progress=options.progress)
+                          skip_bad_rows=options.skip_bad_rows, progress=options.progress,
+                          eval_name=None if options.eval_path is None else str(options.eval_path))

@@ -11,21 +11,25 @@ IDs (an empty string is a value like any other). Dense values are used as they
 are (float32), null → 0. Bad rows (a null label or one other than 0/1, a dense
 value that is not finite, a null inside a list) raise `BadRowError` naming file,
 row and column, or are counted and skipped. The files are read by record batches
-(`pyarrow.parquet.ParquetFile.iter_batches`), never whole.
+(`pyarrow.parquet.ParquetFile.iter_batches`), never whole; a file that pyarrow
+cannot open, or whose pages it cannot read, is an error naming it (`DamagedFileError`
+past the rows it could read).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Generator
+import functools
+from collections.abc import Callable, Generator, Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..preprocessing import Ragged
+from ._checks import DENSE_RULE, LABEL_RULE, bad_dense, bad_labels
 from ._clicks import ClickBatch
-from ._criteo import BadRowError
+from ._criteo import BadRowError, DamagedFileError
 from ._files import _pyarrow  # pyright: ignore[reportPrivateUsage]
 from ._hashing import integer_ids, string_ids
 
@@ -57,18 +61,60 @@ def compute() -> Any:
     return pc
 
 
+def open_parquet(path: Path) -> Any:
+    """The `pyarrow.parquet.ParquetFile` at `path`; a file pyarrow cannot open (empty, cut,
+    not Parquet) is a ValueError naming it."""
+    pa, pq = _pyarrow(path)
+    try:
+        return pq.ParquetFile(path)
+    except (OSError, pa.ArrowException) as error:
+        raise ValueError(f"{path}: cannot read it as a Parquet file ({type(error).__name__}: "
+                         f"{error}).") from error
+
+
+def read_batches(path: Path, batches: Callable[[], Iterable[Any]]) -> Generator[Any, None, None]:
+    """The record batches `batches()` reads from the file `path`; pyarrow's error on a
+    damaged page is a `DamagedFileError` naming the file and the rows read before it."""
+    pa, _ = _pyarrow(path)
+    done = 0
+    try:
+        iterator = iter(batches())
+        while (batch := next(iterator, None)) is not None:
+            yield batch
+            done += batch.num_rows
+    except (OSError, pa.ArrowException) as error:
+        raise DamagedFileError(path, done, f"{type(error).__name__}: {error}",
+                               unit="row") from error
+
+
+def column_types(schema: Any, where: str) -> dict[str, Any]:
+    """Column name → Arrow type of a file's `schema`; two columns of one name (which
+    pyarrow cannot tell apart) are a ValueError naming them."""
+    names = list(schema.names)
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"{where}: columns {twice} come more than once; give each column of "
+                         "the file its own name.")
+    return {name: schema.field(name).type for name in names}
+
+
+def _floats(column: Any) -> np.ndarray:
+    """A numeric or boolean Arrow column as float64, null → 0."""
+    import pyarrow as pa
+
+    cast = compute().cast(column, pa.float64()).fill_null(0.0)
+    return np.asarray(cast.to_numpy(zero_copy_only=False), np.float64)
+
+
 def _row_problems(batch: Any, layout: ParquetLayout) -> list[tuple[np.ndarray, str, str]]:
     """(bad-row mask, column, reason) for each check that some row of `batch` fails."""
     pc = compute()
     n, out = batch.num_rows, []
     label = batch.column(layout.label)
-    values = np.asarray(label.fill_null(0).to_numpy(zero_copy_only=False), np.float64)
-    bad = np.asarray(label.is_null().to_numpy(zero_copy_only=False)) | ~np.isin(values, (0, 1))
-    out.append((bad, layout.label, "the label must be 0 or 1"))
+    bad = np.asarray(label.is_null().to_numpy(zero_copy_only=False)) | bad_labels(_floats(label))
+    out.append((bad, layout.label, LABEL_RULE))
     for name in layout.dense:
-        column = batch.column(name).fill_null(0)
-        dense = np.asarray(column.to_numpy(zero_copy_only=False), np.float64)
-        out.append((~np.isfinite(dense), name, "dense values must be finite numbers"))
+        out.append((bad_dense(_floats(batch.column(name))), name, DENSE_RULE))
     for name, is_list in zip(layout.sparse, layout.is_list, strict=True):
         column = batch.column(name)
         if is_list and column.flatten().null_count:
@@ -107,8 +153,9 @@ class ParquetReader:
         self._pending: list[Any] = []
         self._pending_rows = 0
         self._done = 0
-        self._total = sum(self._pq.ParquetFile(f).metadata.num_rows for f in layout.files)
-        schema = self._pq.ParquetFile(layout.files[0]).schema_arrow
+        self._total = sum(open_parquet(f).metadata.num_rows for f in layout.files)
+        schema = open_parquet(layout.files[0]).schema_arrow
+        column_types(schema, str(layout.files[0]))
         self._schema = self._pa.schema([schema.field(name) for name in layout.columns])
         self._plain = self._pa.schema([f.with_type(_plain_lists(self._pa, f.type))
                                        for f in self._schema])
@@ -116,16 +163,17 @@ class ParquetReader:
 
     def _record_batches(self, rows: int) -> Generator[Any, None, None]:
         for path in self.layout.files:
-            file = self._pq.ParquetFile(path)
+            file = open_parquet(path)
+            types = column_types(file.schema_arrow, str(path))
             for field in self._schema:
-                have = file.schema_arrow.field(field.name).type if (
-                    field.name in file.schema_arrow.names) else "no such column"
+                have = types.get(field.name, "no such column")
                 if have != field.type:
                     raise ValueError(f"{path}: column {field.name!r} is {have}, but "
                                      f"{self.layout.files[0]} has {field.type}; the files of "
                                      "one data set need the same columns and types.")
             first = 0
-            for batch in self._file_batches(path, file, rows):
+            for batch in read_batches(path, functools.partial(self._file_batches, path, file,
+                                                              rows)):
                 yield self._check(path, first, batch)
                 first += batch.num_rows
                 self._done += batch.num_rows
@@ -190,12 +238,10 @@ def parse_table(table: Any, layout: ParquetLayout) -> ClickBatch:
     """Rows checked by `ParquetReader.take` → a batch (features named as the columns)."""
     pc = compute()
     n = table.num_rows
-    labels = np.asarray(table.column(layout.label).combine_chunks().to_numpy(
-        zero_copy_only=False), np.float32)
+    labels = _floats(table.column(layout.label)).astype(np.float32)
     dense = np.zeros((n, len(layout.dense)), np.float32)
     for j, name in enumerate(layout.dense):
-        column = table.column(name).combine_chunks().fill_null(0)
-        dense[:, j] = column.to_numpy(zero_copy_only=False)
+        dense[:, j] = _floats(table.column(name))
     sparse = {}
     for name, is_list, vocab in zip(layout.sparse, layout.is_list, layout.vocab_sizes,
                                     strict=True):

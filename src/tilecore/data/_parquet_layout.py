@@ -2,7 +2,8 @@
 
 The file metadata key `tilecore.clicks` (written by `write_sample`) holds JSON
 `{"label": …, "dense": [...], "sparse": [{"name", "vocab_size", "max_ids"}, …]}`
-(a sparse entry may add `"table"`: the table it shares); `ReadOptions` override
+(a sparse entry may add `"table"`: the table it shares), checked key by key
+(`_schema_json`: an error names the file and the key); `ReadOptions` override
 it. A list column without `max_ids` there gets the longest list in the first
 batch of the file (at least 2: a list column is a multi-hot feature, pooled by
 its mean). ID columns hold integers or strings (`string`, `large_string`,
@@ -11,7 +12,7 @@ dictionary-encoded), or lists of them.
 
 from __future__ import annotations
 
-import json
+import functools
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,9 @@ from typing import Any
 from ._click_specs import features_by_table, shared_table_of
 from ._clicks import ClickFeature
 from ._files import _pyarrow  # pyright: ignore[reportPrivateUsage]
-from ._parquet import SCHEMA_KEY, ParquetLayout, compute
+from ._parquet import SCHEMA_KEY, ParquetLayout, column_types, compute, open_parquet, read_batches
 from ._read_options import ClickColumns, ReadOptions
+from ._schema_json import check_name, check_names, feature_entries, parse_json, read_object
 
 
 def parquet_files(path: Path) -> tuple[Path, ...]:
@@ -45,14 +47,13 @@ def _is_id_list(pa: Any, kind: Any) -> bool:
         pa, kind.value_type)
 
 
-def _roles(pa: Any, schema: Any, columns: ClickColumns, saved: dict[str, Any], where: str
-           ) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+def _roles(pa: Any, types: Mapping[str, Any], columns: ClickColumns, saved: dict[str, Any],
+           where: str) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
     given = (columns.label, columns.dense, columns.sparse) != ("label", None, None)
     label = columns.label if given or not saved else saved["label"]
     dense, sparse = columns.dense, columns.sparse
     if dense is None and sparse is None and saved:
         dense, sparse = tuple(saved["dense"]), tuple(s["name"] for s in saved["sparse"])
-    types = {name: schema.field(name).type for name in schema.names}
     if sparse is None:
         sparse = tuple(n for n, t in types.items() if n != label and n not in (dense or ())
                        and (_is_id(pa, t) or _is_id_list(pa, t)))
@@ -83,16 +84,13 @@ def _roles(pa: Any, schema: Any, columns: ClickColumns, saved: dict[str, Any], w
 def parquet_layout(path: Path, options: ReadOptions
                    ) -> tuple[ParquetLayout, tuple[ClickFeature, ...]]:
     """The layout of the Parquet click data at `path` and its features, in column order."""
-    pa, pq = _pyarrow(path)
+    pa, _ = _pyarrow(path)
     files = parquet_files(path)
-    try:
-        file = pq.ParquetFile(files[0])
-    except (OSError, pa.ArrowException) as error:
-        raise ValueError(f"{files[0]}: cannot read it as a Parquet file ({error}).") from None
-    metadata = file.schema_arrow.metadata or {}
-    saved = json.loads(metadata[SCHEMA_KEY]) if SCHEMA_KEY in metadata else {}
-    label, dense, sparse = _roles(pa, file.schema_arrow, options.columns, saved, str(path))
-    is_list = tuple(_is_id_list(pa, file.schema_arrow.field(n).type) for n in sparse)
+    file = open_parquet(files[0])
+    saved = _saved_schema(file.schema_arrow.metadata or {}, files[0])
+    types = column_types(file.schema_arrow, str(files[0]))
+    label, dense, sparse = _roles(pa, types, options.columns, saved, str(path))
+    is_list = tuple(_is_id_list(pa, types[n]) for n in sparse)
     by_name = {s["name"]: s for s in saved.get("sparse", ())}
     schema_vocab = (tuple(by_name[n]["vocab_size"] for n in sparse)
                     if all(n in by_name for n in sparse) else None)
@@ -100,7 +98,8 @@ def parquet_layout(path: Path, options: ReadOptions
     tables = _tables(sparse, options.columns.shared_tables, by_name, str(path))
     layout = ParquetLayout(files=files, label=label, dense=dense, sparse=sparse,
                            is_list=is_list, vocab_sizes=vocab)
-    first = next(file.iter_batches(batch_size=options.batch_size, columns=list(sparse)), None)
+    first = next(read_batches(files[0], functools.partial(
+        file.iter_batches, batch_size=options.batch_size, columns=list(sparse))), None)
     features = []
     for name, listed, size, table in zip(sparse, is_list, vocab, tables, strict=True):
         max_ids = 1
@@ -110,6 +109,19 @@ def parquet_layout(path: Path, options: ReadOptions
         features.append(ClickFeature(name=name, vocab_size=size, max_ids=max_ids, table=table))
     features_by_table(features, str(path))  # a shared table's columns agree on its size
     return layout, tuple(features)
+
+
+def _saved_schema(metadata: Mapping[bytes, bytes], path: Path) -> dict[str, Any]:
+    """The `tilecore.clicks` metadata of the file `path`, checked ({} if it has none)."""
+    if SCHEMA_KEY not in metadata:
+        return {}
+    where = f"{path}: metadata {SCHEMA_KEY.decode()!r}"
+    saved = read_object(parse_json(metadata[SCHEMA_KEY], where), where,
+                        ("label", "dense", "sparse"))
+    check_name(f"{where}: label", saved["label"])
+    check_names(f"{where}: dense", saved["dense"])
+    feature_entries(saved["sparse"], f"{where}: sparse", optional=("max_ids", "table"))
+    return saved
 
 
 def _tables(sparse: tuple[str, ...], shared: Mapping[str, tuple[str, ...]],

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..specs._numbers import is_integer
+from ._checks import MAX_VOCAB_SIZE, check_vocab_size
 
 DEFAULT_VOCAB_SIZE = 100_000
 """Rows of each table when neither `vocab_sizes` nor the file's schema gives them."""
@@ -75,8 +76,8 @@ class ReadOptions:
     Attributes:
       batch_size: samples per batch. The rows after the last full batch of the
         file are not used.
-      vocab_sizes: rows of each feature's table (IDs are hashed into them): one
-        size for every table, or one per sparse feature in order (`C1` … `C26`
+      vocab_sizes: rows of each feature's table (IDs are hashed into them), each in
+        [1, `MAX_VOCAB_SIZE`]: one size for every table, or one per sparse feature in order (`C1` … `C26`
         for TSV; features of one shared table need the same size). None: the
         Parquet file's schema, else `DEFAULT_VOCAB_SIZE`.
       held_out_batches: held-out (evaluation) batches. Without `eval_path` they
@@ -105,17 +106,17 @@ class ReadOptions:
             if not is_integer(value):
                 raise ValueError(f"ReadOptions: {name} must be an integer >= {low}, got "
                                  f"{name}={value!r}.")
-        if self.vocab_sizes is not None and any(
-                not is_integer(v) for v in self.vocab_sizes):
-            raise ValueError(f"ReadOptions: vocab_sizes must be integers >= 1, got "
-                             f"{self.vocab_sizes!r}.")
+        if self.vocab_sizes is not None:
+            if not isinstance(self.vocab_sizes, tuple | list) or not self.vocab_sizes:
+                raise ValueError(f"ReadOptions: vocab_sizes must be a tuple of sizes in [1, "
+                                 f"{MAX_VOCAB_SIZE}], got {self.vocab_sizes!r}.")
+            object.__setattr__(self, "vocab_sizes", tuple(
+                check_vocab_size(f"ReadOptions: vocab_sizes[{k}]", size)
+                for k, size in enumerate(self.vocab_sizes)))
         if self.batch_size < 1 or self.held_out_batches < 0:
             raise ValueError(f"ReadOptions: need batch_size >= 1 and held_out_batches >= 0, got "
                              f"batch_size={self.batch_size}, "
                              f"held_out_batches={self.held_out_batches}.")
-        if self.vocab_sizes is not None and (not self.vocab_sizes or min(self.vocab_sizes) < 1):
-            raise ValueError(f"ReadOptions: vocab_sizes must be sizes >= 1, got "
-                             f"{self.vocab_sizes}.")
 
     def vocab_for(self, names: tuple[str, ...], schema: tuple[int, ...] | None,
                   where: str) -> tuple[int, ...]:

@@ -31,6 +31,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from ._checks import check_index
 from ._clicks import ClickBatch, ClickFeature
 from ._criteo import BadRowError
 from ._progress import ReadProgress
@@ -71,13 +72,13 @@ Parse = Callable[[Any], ClickBatch]
 
 
 class _Cursor:
-    """Raw batches `first, first + 1, …` of a file, wrapping around at its end."""
+    """Raw batches `first, first + 1, …` of the file `name`, wrapping around at its end."""
 
-    def __init__(self, open_reader: OpenReader, source: StreamedClicks, *, first: int,
-                 keep: int) -> None:
+    def __init__(self, open_reader: OpenReader, source: StreamedClicks, *, name: str,
+                 first: int, keep: int) -> None:
         # A proxy: no reference cycle, so dropping the source closes its files at once.
         self._source = weakref.proxy(source)
-        self._open, self._first, self._keep = open_reader, first, keep
+        self._open, self._name, self._first, self._keep = open_reader, name, first, keep
         self._reader: Reader | None = None
         self._index = 0  # the batch the reader takes next
         self.length: int | None = None  # batches in a pass, once the end was seen
@@ -140,7 +141,7 @@ class _Cursor:
         held = (f"; the first {self._first} are held out for evaluation and none is left for "
                 "training (pass --eval-data, or lower --eval-batches or --batch-size)"
                 if self._first else " (lower --batch-size)")
-        raise ValueError(f"{source.name}: only {batches} full batches of {source.batch_size}"
+        raise ValueError(f"{self._name}: only {batches} full batches of {source.batch_size}"
                          f"{skipped} rows{held}.")
 
 
@@ -149,19 +150,23 @@ class StreamedClicks:
 
     def __init__(self, *, name: str, features: tuple[ClickFeature, ...], num_dense: int,
                  batch_size: int, train: OpenReader, parse: Parse, held_out: int,
-                 eval_reader: OpenReader | None, skip_bad_rows: bool, progress: bool) -> None:
+                 eval_reader: OpenReader | None, skip_bad_rows: bool, progress: bool,
+                 eval_name: str | None = None) -> None:
+        """`name`: the training data's path; `eval_name`: the held-out data's, whose reader
+        is `eval_reader` (None: the held-out batches are the first of `name`)."""
         self.name, self.features, self.num_dense = name, features, num_dense
         self.batch_size, self._parse, self.skip_bad_rows = batch_size, parse, skip_bad_rows
         self._train_open, self._eval_open, self._held_out = train, eval_reader, held_out
+        self._eval_name = name if eval_reader is None or eval_name is None else eval_name
         self._progress_on = progress
         self._setup()
 
     def _setup(self) -> None:
         self._lock = threading.Lock()
         held = self._held_out if self._eval_open is None else 0
-        self._train = _Cursor(self._train_open, self, first=held, keep=KEEP)
-        self._eval = _Cursor(self._eval_open or self._train_open, self, first=0,
-                             keep=self._held_out)
+        self._train = _Cursor(self._train_open, self, name=self.name, first=held, keep=KEEP)
+        self._eval = _Cursor(self._eval_open or self._train_open, self, name=self._eval_name,
+                             first=0, keep=self._held_out)
         self._progress = ReadProgress(self.name, enabled=self._progress_on)
         self._bad: dict[str, BadRows] = {}  # per file
         self._passes = 0
@@ -175,7 +180,7 @@ class StreamedClicks:
 
     def __getstate__(self) -> dict[str, Any]:  # a copy opens its own files
         keep = ("name", "features", "num_dense", "batch_size", "skip_bad_rows", "_parse",
-                "_train_open", "_eval_open", "_held_out", "_progress_on")
+                "_train_open", "_eval_open", "_held_out", "_progress_on", "_eval_name")
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -184,14 +189,12 @@ class StreamedClicks:
 
     def train_batch(self, step: int) -> ClickBatch:
         """Training batch `step` (see the module docstring)."""
-        if step < 0:
-            raise ValueError(f"{self.name}: training step must be >= 0, got {step=}.")
+        check_index(f"{self.name}: train_batch: step", step)
         return self._parse(self._get(self._train, step))
 
     def eval_batch(self, index: int) -> ClickBatch:
         """Held-out batch `index`, cycled over the held-out batches."""
-        if index < 0:
-            raise ValueError(f"{self.name}: eval index must be >= 0, got {index=}.")
+        check_index(f"{self.name}: eval_batch: index", index)
         if not self._held_out:
             raise ValueError(f"{self.name}: opened without held-out batches "
                              "(ReadOptions.held_out_batches=0).")
