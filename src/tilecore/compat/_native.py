@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .. import specs as native
-from ..stacking import FeatureSetting, StackingPlan, StackSpec, TableSetting
+from ..stacking import FeatureSetting, StackingPlan, StackSpec, TableSetting, ordered_features
 from ._fields import compat_kwargs, native_kwargs
 from ._optimizers import native_optimizer
 from ._pytree import leaves
@@ -53,7 +53,8 @@ def feature_leaves(feature_specs: Any) -> list[FeatureSpec]:
 
     As in the reference, a collection may hold the same feature twice (e.g. one spec
     under two keys): equal specs are one feature. Two *different* specs with one
-    name are an error.
+    name are an error. A `table_spec` that is no TableSpec (e.g. the table's name)
+    raises AttributeError, the type the reference raises for it, with a clear message.
     """
     specs: list[FeatureSpec] = []
     seen: dict[str, FeatureSpec] = {}
@@ -62,6 +63,12 @@ def feature_leaves(feature_specs: Any) -> list[FeatureSpec]:
             raise TypeError(
                 "feature_specs must hold tilecore.compat.embedding_spec.FeatureSpec values, got "
                 f"{type(spec).__name__}. Build the specs with tilecore.compat.embedding_spec."
+            )
+        if not isinstance(spec.table_spec, TableSpec):
+            raise AttributeError(  # the reference's type for this mistake; a clear message
+                f"FeatureSpec {spec.name!r}: table_spec must be an embedding_spec.TableSpec, "
+                f"got {type(spec.table_spec).__name__} {spec.table_spec!r}. Pass the TableSpec "
+                "object itself, not its name."
             )
         known = seen.get(spec.name)
         if known is None:
@@ -108,14 +115,19 @@ def native_features(features: Iterable[FeatureSpec]) -> list[native.FeatureSpec]
 
     The native output shape always ends in the table's width: host-side work only
     reads the batch dimensions, and the reference allows a narrower activation.
+    Equal tables (one spec, or equal specs under one name) share one native
+    table; a *different* table under a known name is converted on its own, so
+    that stacking (`tilecore.stacking.ordered_features`) refuses the clash rather
+    than every feature silently taking the first table's sizes.
     """
-    tables: dict[str, native.TableSpec] = {}
+    tables: dict[str, tuple[TableSpec, native.TableSpec]] = {}
     out = []
     for feature in features:
         table = feature.table_spec
-        if table.name not in tables:
-            tables[table.name] = native_table(table)
-        nt = tables[table.name]
+        known = tables.get(table.name)
+        if known is None:
+            known = tables[table.name] = (table, native_table(table))
+        nt = known[1] if known[0] is table or known[0] == table else native_table(table)
 
         def output_shape(shape: Any, width: int = nt.embedding_dim) -> tuple[int, ...]:
             return (*(int(d) for d in list(shape)[:-1]), width)
@@ -229,7 +241,8 @@ def build_plan(
                 "embedding.update_preprocessing_parameters with all feature specs."
             )
         known[1].append(feature)
-    natives = native_features(specs)
+    # ordered_features refuses two different tables under one name (specs prepared apart).
+    natives = ordered_features(native_features(specs)) if specs else []
     table_settings = {
         f.table_spec.name: TableSetting(**dataclasses.asdict(f.table_spec.setting_in_stack))
         for f in specs

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import numbers
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
@@ -62,17 +63,35 @@ def native_learning_rate(owner: str, learning_rate: Any) -> native.LearningRate:
     )
 
 
-def constant_of(owner: str, initializer: Any) -> float:
-    """The constant a slot initializer fills with (a float, or `jax.nn.initializers.constant`)."""
+def constant_of(owner: str, initializer: Any) -> Any:
+    """The value a slot starts from: a plain number as a float (anything else as given), or
+    the one value an initializer (`jax.nn.initializers.constant(v)`) fills with.
+
+    tilecore slots start from one constant, so an initializer is called once, with a
+    key (as a random one needs), and must fill every entry with one value. Whether
+    that value is a finite number is the native spec's check
+    (`tilecore.CustomOptimizer.slot_initial_value_tuple`), so it is not repeated here:
+    NaN passes through and is refused there.
+    """
     if not callable(initializer):
-        return float(initializer)
-    values = np.asarray(initializer(None, (8,), np.float32))
-    if values.size == 0 or not np.all(values == values.flat[0]):
+        return float(initializer) if isinstance(initializer, numbers.Real) else initializer
+    import jax  # deferred: the rest of this module is host-side
+
+    try:
+        values = np.asarray(initializer(jax.random.key(0), (8,), np.float32))
+    except (TypeError, ValueError) as err:
+        raise type(err)(
+            f"{owner}: the slot initializer {initializer!r} failed when called as "
+            f"init(key, (8,), float32): {err}"
+        ) from err
+    if values.size == 0 or not np.array_equal(values, np.full_like(values, values.flat[0]),
+                                              equal_nan=True):
         raise ValueError(
-            f"{owner}: tilecore slot variables start from a constant; the slot initializer "
-            f"{initializer!r} is not constant. Use jax.nn.initializers.constant(value) or a float."
+            f"{owner}: tilecore slot variables start from a constant, but the slot initializer "
+            f"{initializer!r} fills different values (e.g. {values.ravel()[:3].tolist()}). Use "
+            "jax.nn.initializers.constant(value) or a float."
         )
-    return float(values.flat[0])
+    return values.flat[0].item()
 
 
 def as_float32(values: tuple[Any, ...]) -> tuple[jax.Array, ...]:

@@ -95,9 +95,21 @@ def layout_specs(stack: pb.StackedTableSpecProto) -> list[TableSpec]:
 
 
 def stacks_of(embedding_specs: object, argument: str) -> list[pb.StackedTableSpecProto]:
-    """The stacks of an `EmbeddingSpecProto`, checked for unique stack and table names."""
+    """The stacks of an `EmbeddingSpecProto`, checked: at least one, unique stack and table
+    names.
+
+    A proto with no stacks (default-constructed, or parsed from empty bytes) would
+    stack, unstack or map nothing and return `{}`, hiding the mistake; it is refused.
+    """
     proto = as_message(embedding_specs, pb.EmbeddingSpecProto, argument)
     stacks = list(proto.stacked_table_specs)
+    if not stacks:
+        raise ValueError(
+            f"{argument} is an EmbeddingSpecProto with no stacked_table_specs, so there is "
+            "nothing to stack, unstack or map (was it default-constructed, or parsed from empty "
+            "bytes?). Create it with embedding_proto_utils.create_proto_from_feature_specs("
+            "feature_specs, global_device_count, num_sparsecore_per_device)."
+        )
     for kind, names in (("stack", [s.stack_name for s in stacks]),
                         ("table", [t.table_name for s in stacks for t in s.table_specs])):
         repeated = sorted(n for n, c in collections.Counter(names).items() if c > 1)

@@ -22,7 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from ._native import resolve_num_sc_per_device
 from ._pytree import leaves
-from ._specs import TableSpec
+from ._specs import StackedTableSpec, TableSpec
 
 
 def _initializer(table: TableSpec) -> Callable[..., Any]:
@@ -59,6 +59,19 @@ def _stack_rows(tables: list[TableSpec], keys: jax.Array, partitions: int) -> tu
     return tuple(jnp.concatenate(column) for column in zip(*parts, strict=True))
 
 
+def _check_table(table: object) -> None:
+    """Refuse a leaf that is no TableSpec: AttributeError, the reference's type for it."""
+    if isinstance(table, TableSpec):
+        return
+    hint = (" A StackedTableSpec (from get_stacked_table_specs) describes a stack, not its "
+            "tables." if isinstance(table, StackedTableSpec) else "")
+    raise AttributeError(
+        "init_embedding_variables: table_specs must hold embedding_spec.TableSpec values, "
+        f"e.g. embedding.get_table_specs(feature_specs); got {type(table).__name__} "
+        f"{getattr(table, 'stack_name', table)!r}.{hint}"
+    )
+
+
 def init_variables(
     rng: jax.Array,
     table_specs: Any,
@@ -86,6 +99,7 @@ def init_variables(
         )
     stacks: dict[str, list[TableSpec]] = {}
     for table in leaves(table_specs):
+        _check_table(table)
         stacks.setdefault(table.setting_in_stack.stack_name, []).append(table)
     width = mesh.size * num_sc
     keys = jax.random.split(rng, width * len(stacks))

@@ -30,20 +30,31 @@ def ordered_features(features: Features) -> list[FeatureSpec]:
     if not items:
         raise ValueError("No features given: pass at least one FeatureSpec.")
     seen_features: set[str] = set()
-    seen_tables: dict[str, TableSpec] = {}
+    seen_tables: dict[str, FeatureSpec] = {}
     for feature in items:
         if not isinstance(feature, FeatureSpec):
             raise TypeError(f"Expected FeatureSpec values, got {type(feature).__name__}.")
         if feature.name in seen_features:
             raise ValueError(f"Feature name {feature.name!r} appears twice; names must be unique.")
         seen_features.add(feature.name)
-        other = seen_tables.setdefault(feature.table.name, feature.table)
-        if other != feature.table:
+        first = seen_tables.setdefault(feature.table.name, feature)
+        if first.table != feature.table:
             raise ValueError(
-                f"Two different tables are named {feature.table.name!r} (used by feature "
-                f"{feature.name!r}); give each TableSpec a unique name."
+                f"Two different tables are named {feature.table.name!r}: feature "
+                f"{first.name!r} uses one, feature {feature.name!r} another "
+                f"({_table_differences(first.table, feature.table)}). A table name picks one "
+                "table everywhere (its rows, its ID range, its checkpoint entry); give each "
+                "TableSpec a unique name, or let the features share one TableSpec."
             )
     return items
+
+
+def _table_differences(a: TableSpec, b: TableSpec) -> str:
+    """`field a vs b` for each field in which two same-named tables differ."""
+    return ", ".join(
+        f"{field.name} {getattr(a, field.name)!r} vs {getattr(b, field.name)!r}"
+        for field in dataclasses.fields(a) if getattr(a, field.name) != getattr(b, field.name)
+    )
 
 
 def _tables_in_order(features: Sequence[FeatureSpec]) -> dict[str, TableSpec]:

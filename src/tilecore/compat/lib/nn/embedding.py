@@ -29,6 +29,9 @@ Differences worth knowing:
   the reference they may be called per device inside `shard_map`; they also
   accept global arrays outside `shard_map` (see `tpu_sparse_dense_matmul`).
   `label` and `use_*_primitive` are accepted and ignored (XLA fuses that work).
+- As in the reference, the proto helpers of `embedding_proto_utils`
+  (`create_proto_from_feature_specs`, `get_optimizer_class`/`_type`,
+  `optimizer_spec_to_proto`, `proto_to_optimizer_spec`) are re-exported here.
 - Feature specs may come in any pytree of dicts, `Mapping`s (e.g. a
   `flax.core.FrozenDict`), lists and tuples; a spec that appears twice is one
   feature, as in the reference.
@@ -75,6 +78,13 @@ from ..._utils_embedding import get_all_reduce_interface as get_all_reduce_inter
 from ..._utils_embedding import sharding_strategy_to_enum as sharding_strategy_to_enum
 from . import embedding_spec as embedding_spec
 from . import table_stacking as table_stacking
+from .embedding_proto_utils import (
+    create_proto_from_feature_specs as create_proto_from_feature_specs,
+)
+from .embedding_proto_utils import get_optimizer_class as get_optimizer_class
+from .embedding_proto_utils import get_optimizer_type as get_optimizer_type
+from .embedding_proto_utils import optimizer_spec_to_proto as optimizer_spec_to_proto
+from .embedding_proto_utils import proto_to_optimizer_spec as proto_to_optimizer_spec
 from .table_stacking import LimitsCallable as LimitsCallable
 from .table_stacking import get_default_limits as get_default_limits
 
@@ -93,15 +103,20 @@ __all__ = [
     "compute_coo_buffer_size_per_device",
     "compute_row_pointers_size_per_device",
     "compute_theoretical_max_coo_buffer_size",
+    "create_proto_from_feature_specs",
     "eval_preprocess_sparse_dense_matmul_input_shape",
     "get_all_reduce_interface",
     "get_default_limits",
+    "get_optimizer_class",
+    "get_optimizer_type",
     "get_stacked_table_specs",
     "get_table_specs",
     "init_embedding_variables",
+    "optimizer_spec_to_proto",
     "prepare_feature_specs_for_training",
     "preprocess_sparse_dense_matmul_input",
     "preprocess_sparse_dense_matmul_input_from_sparse_tensor",
+    "proto_to_optimizer_spec",
     "sharding_strategy_to_enum",
     "stack_embedding_gradients",
     "tpu_sparse_dense_matmul",
