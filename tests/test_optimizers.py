@@ -345,5 +345,5 @@ def test_mismatched_slots_and_rule_outputs_are_explained() -> None:
         apply_sparse_update(EmbeddingVariables(table, init_slots(spec, table.shape)), rows,
                             grads[:2], spec, 0)
     bad = tc.CustomOptimizer(update_fn=lambda g, w, lr: (w, w))
-    with pytest.raises(ValueError, match=r"returned 2 arrays; expected \(new_row, \*new_slots\), 1"):
+    with pytest.raises(ValueError, match=r"returned 2 arrays; expected a tuple \(new_row, \*new_slots\) of 1 array\."):
         apply_sparse_update(EmbeddingVariables(table, ()), rows, grads, bad, 0)

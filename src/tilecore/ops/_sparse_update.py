@@ -112,7 +112,7 @@ def updated(variables: EmbeddingVariables, rows: jax.Array, grads: jax.Array,
                else f"a {type(new).__name__}, not a tuple")
         raise ValueError(
             f"The {type(spec).__name__} update rule returned {got}; expected a tuple "
-            f"(new_row, *new_slots) of {len(arrays)} arrays."
+            f"(new_row, *new_slots) of {len(arrays)} array{'s' * (len(arrays) != 1)}."
         )
     for k, (value, before) in enumerate(zip(new, gathered, strict=True)):
         what = "new_row" if k == 0 else f"new slot {k - 1}"
