@@ -28,6 +28,8 @@ from tilecore.compat.lib.proto import embedding_spec_pb2 as pb
 PROTO_HELPERS = ("create_proto_from_feature_specs", "get_optimizer_class", "get_optimizer_type",
                  "optimizer_spec_to_proto", "proto_to_optimizer_spec")
 INIT = jax.nn.initializers.constant(0.5)
+PADDING_ID = 2**31 - 1
+"""compat's embedding ID in COO entries no row pointer covers (the reference writes 0)."""
 
 
 def table(name: str = "t", vocab: int = 64, dim: int = 8, optimizer: Any = None
@@ -153,6 +155,90 @@ def test_a_proto_without_stacks_is_refused(call: Any) -> None:
         call(pb.EmbeddingSpecProto())
 
 
+# --- integer fields given as floats --------------------------------------------------------
+
+@pytest.mark.parametrize(("field", "value", "match"), [
+    ("vocabulary_size", 64.0, r"vocabulary_size must be an integer, got 64.0 \(float\). "
+                              r"Write vocabulary_size=64"),
+    ("vocabulary_size", 63.5, r"vocabulary_size must be an integer, got 63.5 \(float\)"),
+    ("embedding_dim", 8.0, r"embedding_dim must be an integer, got 8.0"),
+    ("max_ids_per_partition", 8.0, r"max_ids_per_partition must be an integer, got 8.0"),
+    ("suggested_coo_buffer_size_per_device", 1024.0,
+     r"suggested_coo_buffer_size_per_device must be an integer, got 1024.0"),
+])
+def test_a_float_size_or_limit_is_refused_naming_the_table(field: str, value: float,
+                                                           match: str) -> None:
+    """63.5 became a 63-row table (int() truncated it). The reference raises RuntimeError
+    (its binding, at preprocessing) or, for the width, JAX's TypeError (at init): compat
+    refuses it when the specs are prepared, with NotAnIntegerError, which is both."""
+    spec = table()
+    setattr(spec, field, value)  # not stacked yet: the shell is mutable, as in the reference
+    for kind in (RuntimeError, TypeError):
+        with pytest.raises(kind, match=rf"TableSpec 't': {match}"):
+            prepare({"f": feature("f", spec, width=8)})
+
+
+def test_numpy_and_python_integers_are_accepted() -> None:
+    specs = prepare({"f": feature("f", table(vocab=np.int64(64)))})  # type: ignore[arg-type]
+    assert embedding.get_stacked_table_specs(specs)["t"].stack_vocab_size == 64
+
+
+# --- init_embedding_variables over another number of SparseCores ----------------------------
+
+def sharding(devices: int = 1) -> jax.sharding.NamedSharding:
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("x",))
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x", None))
+
+
+def init(tables: Any, sc: int) -> Any:
+    return embedding.init_embedding_variables(jax.random.key(0), tables, sharding(), sc)
+
+
+def test_a_stack_of_tables_prepared_for_other_sparsecores_is_refused() -> None:
+    """Prepared for 4 and initialised over 2, table 't2's rows took 't1's initializer (and
+    the reverse) in silence, as in the reference."""
+    specs = {"a": feature("a", table("t1")), "b": feature("b", table("t2"))}
+    embedding.auto_stack_tables(specs, global_device_count=1, num_sc_per_device=4)
+    prepare(specs)
+    with pytest.raises(ValueError, match=r"stack 't1_t2' was prepared for another number of "
+                                         r"SparseCores: table 't2' starts at row 16 .* over 1 "
+                                         r"device\(s\) x num_sparsecore_per_device=2 \(2 "
+                                         r"partitions\) the tables before it take 32 rows"):
+        init(embedding.get_table_specs(specs), 2)
+    assert set(init(embedding.get_table_specs(specs), 4)) == {"t1_t2"}
+
+
+def test_one_table_prepared_for_other_sparsecores_is_accepted() -> None:
+    """Its rows split over 2 partitions as well as 4: a valid layout, as the reference has it."""
+    specs = prepare({"f": feature("f", table())})
+    assert init(embedding.get_table_specs(specs), 2)["t"].table.shape == (64, 8)
+
+
+def test_rows_that_do_not_split_over_the_partitions_are_refused() -> None:
+    """24 rows over 16 partitions floor-divided to a 16-row table."""
+    specs = {"f": feature("f", table(vocab=24))}
+    embedding.prepare_feature_specs_for_training(specs, global_device_count=1, num_sc_per_device=1)
+    with pytest.raises(ValueError, match=r"table 't' has padded_vocab_size=24, which does not "
+                                         r"split over 1 device\(s\) x num_sparsecore_per_"
+                                         r"device=16"):
+        init(embedding.get_table_specs(specs), 16)
+
+
+def test_unprepared_tables_need_padded_sizes() -> None:
+    """Never prepared, a 60-row table made 60 rows no lookup can use (preparation pads to
+    64); a table already padded gives exactly the prepared variables, as in the reference."""
+    with pytest.raises(ValueError, match=r"table 't' was never prepared .* vocabulary_size=60, "
+                                         r"embedding_dim=8 are not padded for 1 device\(s\) x "
+                                         r"num_sparsecore_per_device=4 .* preparation makes it "
+                                         r"64 x 8"):
+        init({"t": table(vocab=60)}, 4)
+    raw, prepared = table(), table()
+    raw.initializer = prepared.initializer = jax.nn.initializers.normal()
+    prepare({"f": feature("f", prepared)})
+    np.testing.assert_array_equal(np.asarray(init({"t": raw}, 4)["t"].table),
+                                  np.asarray(init({"t": prepared}, 4)["t"].table))
+
+
 # --- against the reference -----------------------------------------------------------------
 
 REFERENCE_CODE = '''
@@ -198,3 +284,133 @@ def test_reference_re_exports_and_error_types(tmp_path: pathlib.Path) -> None:
     out = json.loads((tmp_path / "out.json").read_text())
     assert out == {"re_exported": [True] * len(PROTO_HELPERS),
                    "table_spec_str": "AttributeError", "init_stacked": "AttributeError"}
+
+
+# --- what the reference does with the cases left as they are, and the ones refused ---------
+
+DECISIONS_CODE = '''
+import json
+import jax
+import numpy as np
+from jax_tpu_embedding.sparsecore.lib.nn import embedding, embedding_spec as es
+from jax_tpu_embedding.sparsecore.lib.nn import table_stacking
+
+exec((WORKDIR / "cases.py").read_text())
+out, arrays = {}, {}
+
+def error(fn):
+    try:
+        fn()
+    except Exception as err:
+        return type(err).__name__
+    return None
+
+IDS = {"f": np.zeros((16, 1), np.int32)}
+out["float_vocab"] = error(lambda: embedding.preprocess_sparse_dense_matmul_input(
+    IDS, None, prepare({"f": feature("f", table(vocab=64.0))}), 1, 1, num_sc_per_device=4))
+out["float_dim"] = error(lambda: init(embedding.get_table_specs(
+    prepare({"f": feature("f", table(dim=8.0))})), 4))
+mixed = mixed_stack()
+stacked = init(embedding.get_table_specs(mixed), 2)["t1_t2"].table
+out["mixed"] = {name: sorted(set(np.asarray(t).ravel().tolist())) for name, t in
+                table_stacking.unshard_and_unstack_tables(
+                    embedding.get_table_specs(mixed), {"t1_t2": np.asarray(stacked)}, 4).items()}
+arrays["unprepared"] = np.asarray(init({"t": table(initializer=NORMAL)}, 4)["t"].table)
+arrays["one_table_over_2"] = np.asarray(
+    init(embedding.get_table_specs(prepare({"f": feature("f", table(initializer=NORMAL))})),
+         2)["t"].table)
+for name, (specs, ids) in accepted_cases().items():
+    prepare(specs)
+    processed, _ = embedding.preprocess_sparse_dense_matmul_input(
+        ids, None, specs, 1, 1, num_sc_per_device=4)
+    for field, stacks in processed.sparse_dense_matmul_input._asdict().items():
+        for stack, value in stacks.items():
+            arrays[f"{name}/{field}/{stack}"] = np.asarray(value)
+(WORKDIR / "out.json").write_text(json.dumps(out))
+np.savez(WORKDIR / "arrays.npz", **arrays)
+'''
+
+CASES = '''
+INIT = jax.nn.initializers.constant(0.5)
+NORMAL = jax.nn.initializers.normal()
+
+def table(name="t", vocab=64, dim=8, initializer=INIT, **limits):
+    return es.TableSpec(name=name, vocabulary_size=vocab, embedding_dim=dim,
+                        initializer=initializer, optimizer=es.SGDOptimizerSpec(learning_rate=0.1),
+                        combiner="sum", **limits)
+
+def feature(name, table_spec, input_shape=(16, 1)):
+    return es.FeatureSpec(name=name, table_spec=table_spec, input_shape=list(input_shape),
+                          output_shape=[16, table_spec.embedding_dim])
+
+def prepare(specs):
+    embedding.prepare_feature_specs_for_training(specs, 1, 4)
+    return specs
+
+def init(tables, sc):
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("x",))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x", None))
+    return embedding.init_embedding_variables(jax.random.key(0), tables, sharding, sc,
+                                              bypass_mesh_check=True)
+
+def mixed_stack():
+    specs = {"a": feature("a", table("t1", initializer=jax.nn.initializers.constant(1.0))),
+             "b": feature("b", table("t2", initializer=jax.nn.initializers.constant(2.0)))}
+    embedding.auto_stack_tables(specs, global_device_count=1, num_sc_per_device=4)
+    return prepare(specs)
+
+def accepted_cases():
+    ids = (np.arange(16, dtype=np.int32) * 3 % 64).reshape(16, 1)
+    return {
+        "input_shape_3d": ({"f": feature("f", table(), (16, 2, 1))}, {"f": ids}),
+        "keys_swapped": ({"a": feature("b", table("tb")), "b": feature("a", table("ta"))},
+                         {"a": ids, "b": ids + 1}),
+        "unique_over_ids": ({"f": feature("f", table(max_ids_per_partition=8,
+                                                     max_unique_ids_per_partition=64))},
+                            {"f": ids}),
+    }
+'''
+
+
+@requires_reference
+def test_reference_decides_the_sixth_hunt_cases(tmp_path: pathlib.Path) -> None:
+    """The reference refuses float sizes (RuntimeError when it preprocesses, TypeError for
+    a float width at init) and mixes two tables' rows when a stack prepared for 4 SparseCores
+    is initialised over 2: compat refuses those. It accepts, and handles as compat does
+    (equal arrays), a 3-D input_shape, pytree keys that are not the feature names (inputs
+    follow the pytree structure), max_unique_ids_per_partition above max_ids_per_partition,
+    a never-prepared table already padded, and one table initialised over 2 SparseCores
+    after preparation for 4: compat accepts those."""
+    (tmp_path / "cases.py").write_text(CASES)
+    run_reference(DECISIONS_CODE, tmp_path)
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out == {"float_vocab": "RuntimeError", "float_dim": "TypeError",
+                   "mixed": {"t1": [1.0, 2.0], "t2": [1.0, 2.0]}}
+    want = dict(np.load(tmp_path / "arrays.npz"))
+    namespace: dict[str, Any] = {"jax": jax, "np": np, "es": embedding_spec,
+                                 "embedding": embedding}
+    exec(CASES, namespace)  # the same cases, built with tilecore.compat
+    assert_equal(want.pop("unprepared"),
+                 namespace["init"]({"t": namespace["table"](initializer=namespace["NORMAL"])}, 4))
+    one = namespace["prepare"]({"f": namespace["feature"]("f", namespace["table"](
+        initializer=namespace["NORMAL"]))})
+    assert_equal(want.pop("one_table_over_2"),
+                 namespace["init"](embedding.get_table_specs(one), 2))
+    got = {}
+    for name, (specs, ids) in namespace["accepted_cases"]().items():
+        namespace["prepare"](specs)
+        processed, _ = embedding.preprocess_sparse_dense_matmul_input(
+            ids, None, specs, 1, 1, num_sc_per_device=4)
+        for field, stacks in processed.sparse_dense_matmul_input._asdict().items():
+            got.update({f"{name}/{field}/{stack}": np.asarray(v) for stack, v in stacks.items()})
+    assert sorted(got) == sorted(want)
+    for key, value in want.items():  # the entries the row pointers cover (padding differs)
+        case, field, stack = key.split("/")
+        covered = got[f"{case}/lhs_embedding_ids/{stack}"] != PADDING_ID
+        mask = ... if field == "lhs_row_pointers" else covered
+        np.testing.assert_array_equal(got[key][mask], value[mask], err_msg=key)
+
+
+def assert_equal(want: np.ndarray, variables: Any) -> None:
+    (stack,) = variables.values()
+    np.testing.assert_array_equal(np.asarray(stack.table), want)

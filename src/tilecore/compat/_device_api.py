@@ -52,6 +52,12 @@ def init_embedding_variables(
     Returns:
       Stack name → `EmbeddingVariables(table, slot)`; each table initializer is
       called per shard with shape `(padded_vocab/N, padded_dim)`, padding included.
+
+    Raises:
+      ValueError: a stack of several tables prepared for another number of
+        partitions than `mesh.size·S` (its tables' rows would mix), rows that do
+        not split over them, or a never-prepared table whose sizes are not padded
+        for them (`_variables_layout`; the reference accepts these in silence).
     """
     from ._variables import init_variables
 

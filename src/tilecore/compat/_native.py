@@ -15,6 +15,7 @@ from typing import Any
 from .. import specs as native
 from ..stacking import FeatureSetting, StackingPlan, StackSpec, TableSetting, ordered_features
 from ._fields import compat_kwargs, native_kwargs
+from ._integers import whole
 from ._optimizers import native_optimizer
 from ._pytree import leaves
 from ._specs import (
@@ -82,8 +83,6 @@ def feature_leaves(feature_specs: Any) -> list[FeatureSpec]:
     return specs
 
 
-def _optional_int(value: Any) -> int | None:
-    return None if value is None else int(value)
 
 
 def _native_quantization(config: Any) -> native.QuantizationConfig | None:
@@ -100,12 +99,25 @@ def _compat_quantization(config: native.QuantizationConfig | None) -> Quantizati
 
 
 def native_table(table: TableSpec) -> native.TableSpec:
-    """The frozen native spec of a compat table (its fields named by `_fields.RENAMED`)."""
+    """The frozen native spec of a compat table (its fields named by `_fields.RENAMED`).
+
+    Sizes and limits must be integers (`_integers.whole`): a float is refused, as
+    the reference refuses it, rather than truncated.
+    """
+    owner = f"TableSpec {table.name!r}"
+
+    def integer(field: str) -> Any:
+        return lambda value: whole(owner, field, value)
+
+    def optional(field: str) -> Any:
+        return lambda value: None if value is None else whole(owner, field, value)
+
     return native.TableSpec(**native_kwargs(native.TableSpec, table, {
-        "vocab_size": int, "embedding_dim": int,
+        "vocab_size": integer("vocabulary_size"), "embedding_dim": integer("embedding_dim"),
         "optimizer": lambda opt: native_optimizer(table.name, opt),
-        "max_ids_per_partition": int, "max_unique_ids_per_partition": int,
-        "suggested_coo_buffer_size_per_device": _optional_int,
+        "max_ids_per_partition": integer("max_ids_per_partition"),
+        "max_unique_ids_per_partition": integer("max_unique_ids_per_partition"),
+        "suggested_coo_buffer_size_per_device": optional("suggested_coo_buffer_size_per_device"),
         "quantization": _native_quantization,
     }))
 

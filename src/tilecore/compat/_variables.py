@@ -23,6 +23,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from ._native import resolve_num_sc_per_device
 from ._pytree import leaves
 from ._specs import StackedTableSpec, TableSpec
+from ._variables_layout import check_layout
 
 
 def _initializer(table: TableSpec) -> Callable[..., Any]:
@@ -101,12 +102,14 @@ def init_variables(
     for table in leaves(table_specs):
         _check_table(table)
         stacks.setdefault(table.setting_in_stack.stack_name, []).append(table)
+    for tables in stacks.values():
+        tables.sort(key=lambda t: t.setting_in_stack.row_offset_in_shard)
+    check_layout(stacks, mesh.size, num_sc)
     width = mesh.size * num_sc
     keys = jax.random.split(rng, width * len(stacks))
     flat = NamedSharding(mesh, PartitionSpec(axis))
     out = {}
     for i, (name, tables) in enumerate(stacks.items()):
-        tables.sort(key=lambda t: t.setting_in_stack.row_offset_in_shard)
         _, rebuild = _slot_initializers(tables[0])
 
         def per_device(k: jax.Array, tables: list[TableSpec] = tables) -> tuple:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from jax.sharding import Mesh
+
 from ..ops._contract import check_names
 from ..preprocessing import PreprocessedBatch
 from ..stacking import StackingPlan
@@ -25,11 +27,42 @@ def check_batch(plan: StackingPlan, batch: Any, layer: str) -> None:
         )
 
 
+def check_mesh(mesh: Mesh | None, axis: str, layer: str) -> None:
+    """`axis` is an axis of `mesh`: refused up front, naming both, rather than by JAX's
+    "Resource axis ... is not found in mesh" from inside the tables' initialisation."""
+    if mesh is not None and axis not in mesh.axis_names:
+        raise ValueError(
+            f"{layer}: axis={axis!r} is not an axis of the mesh (its axes are "
+            f"{tuple(mesh.axis_names)}); pass axis= the mesh axis the tables are sharded over."
+        )
+
+
 def check_variables(plan: StackingPlan, variables: Mapping[str, Any], layer: str) -> None:
-    """`variables` holds every stack of `plan` (and nothing else)."""
-    check_names(layer, "the embedding variables", variables, plan.stacks,
-                "Use the variables this layer was initialised with (or ops.init_tables(plan, "
-                "key) for this plan).")
+    """`variables` holds every stack of `plan` (and nothing else), each table and slot of
+    the plan's global `[stack vocab, stack dim]` shape.
+
+    Variables of another plan (another width or vocabulary) are named here, by stack
+    and shape, before the ops meet the first array that differs (the probe's, when the
+    variables came from another plan's `init`).
+    """
+    remedy = ("Use the variables this layer was initialised with (or ops.init_tables(plan, "
+              "key) for this plan).")
+    check_names(layer, "the embedding variables", variables, plan.stacks, remedy)
+    for name, stack in plan.stacks.items():
+        want = (stack.vocab_size, stack.embedding_dim)
+        arrays = {"table": getattr(variables[name], "table", None)}
+        arrays.update((f"slot {k}", slot)
+                      for k, slot in enumerate(getattr(variables[name], "slots", ())))
+        for what, array in arrays.items():
+            shape = getattr(array, "shape", None)
+            if shape is not None and tuple(shape) != want:
+                raise ValueError(
+                    f"{layer}: the {what} of stack {name!r} (tables "
+                    f"{', '.join(stack.table_names)}) has shape {tuple(shape)}; this layer's "
+                    f"plan makes it {want} ({stack.vocab_size} rows, width "
+                    f"{stack.embedding_dim}): the variables were made for another plan. "
+                    f"{remedy}"
+                )
 
 
 def check_activation_grads(plan: StackingPlan, grads: Any, layer: str) -> None:

@@ -39,7 +39,7 @@ from jax.sharding import Mesh
 from ..ops import DEFAULT_AXIS, activation_probe, embed, init_tables, lookup_grad
 from ..preprocessing import PreprocessedBatch, PreprocessStats, preprocess
 from ..stacking import StackingPlan
-from ._checks import check_activation_grads, check_batch, check_variables
+from ._checks import check_activation_grads, check_batch, check_mesh, check_variables
 
 
 class Tables(nnx.Variable):
@@ -67,6 +67,7 @@ class NnxEmbed(nnx.Module):
 
     def __init__(self, plan: StackingPlan, *, rngs: nnx.Rngs, mesh: Mesh | None = None,
                  axis: str = DEFAULT_AXIS, init_on_host: bool = False) -> None:
+        check_mesh(mesh, axis, "NnxEmbed")
         self.plan = plan
         self.mesh = mesh
         self.axis = axis

@@ -1,0 +1,66 @@
+"""Hostile cases for `tilecore.layers`: a layer given variables or a mesh that do not fit
+its plan says which stack or axis, and the shapes or names, before the ops fail obscurely.
+"""
+
+from __future__ import annotations
+
+import flax.nnx as nnx
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+
+import tilecore as tc
+from tilecore import layers
+
+
+def plan_of(dim: int = 8, vocab: int = 64) -> tc.StackingPlan:
+    table = tc.TableSpec(name="t", vocab_size=vocab, embedding_dim=dim,
+                         optimizer=tc.Adagrad(learning_rate=0.1))
+    return tc.plan_stacking([tc.FeatureSpec(name="f", table=table, input_shape=(16, 1))],
+                            tc.Topology(global_devices=1, sc_per_device=4))
+
+
+def batch_of(plan: tc.StackingPlan) -> tc.PreprocessedBatch:
+    return tc.preprocess(plan, {"f": np.arange(16).reshape(16, 1) % 64})[0]
+
+
+@pytest.mark.parametrize(("dim", "vocab", "shape"), [(16, 64, r"\(64, 16\)"),
+                                                      (8, 128, r"\(128, 8\)")])
+def test_variables_of_another_plan_are_named_by_stack_and_shape(dim: int, vocab: int,
+                                                                 shape: str) -> None:
+    """They were blamed on "the probe" (the first array the ops compared) for another width."""
+    plan, other = plan_of(), plan_of(dim=dim, vocab=vocab)
+    variables = layers.LinenEmbed(other).init(jax.random.key(0), batch_of(other))
+    with pytest.raises(ValueError, match=rf"LinenEmbed '': the table of stack 't' \(tables t\) "
+                                         rf"has shape {shape}; this layer's plan makes it "
+                                         r"\(64, 8\)"):
+        layers.LinenEmbed(plan).apply(variables, batch_of(plan))
+
+
+def test_nnx_tables_of_another_plan_are_named() -> None:
+    plan = plan_of()
+    model = layers.NnxEmbed(plan, rngs=nnx.Rngs(0))
+    model.tables.set_value(layers.NnxEmbed(plan_of(dim=16), rngs=nnx.Rngs(0)).tables.get_value())
+    with pytest.raises(ValueError, match=r"NnxEmbed: the table of stack 't' .* has shape "
+                                         r"\(64, 16\); this layer's plan makes it \(64, 8\)"):
+        model(batch_of(plan))
+
+
+def one_device_mesh() -> Mesh:
+    return Mesh(np.array(jax.devices()[:1]), ("sc",))
+
+
+def test_linen_axis_not_in_the_mesh_is_named() -> None:
+    """It was JAX's "Resource axis: nope of P('nope', None) is not found in mesh"."""
+    plan = plan_of()
+    with pytest.raises(ValueError, match=r"LinenEmbed '': axis='nope' is not an axis of the mesh "
+                                         r"\(its axes are \('sc',\)\)"):
+        layers.LinenEmbed(plan, mesh=one_device_mesh(), axis="nope").init(
+            jax.random.key(0), batch_of(plan))
+
+
+def test_nnx_axis_not_in_the_mesh_is_named() -> None:
+    with pytest.raises(ValueError, match=r"NnxEmbed: axis='nope' is not an axis of the mesh "
+                                         r"\(its axes are \('sc',\)\)"):
+        layers.NnxEmbed(plan_of(), rngs=nnx.Rngs(0), mesh=one_device_mesh(), axis="nope")
