@@ -54,13 +54,26 @@ def one_device_mesh() -> Mesh:
 def test_linen_axis_not_in_the_mesh_is_named() -> None:
     """It was JAX's "Resource axis: nope of P('nope', None) is not found in mesh"."""
     plan = plan_of()
-    with pytest.raises(ValueError, match=r"LinenEmbed '': axis='nope' is not an axis of the mesh "
-                                         r"\(its axes are \('sc',\)\)"):
+    with pytest.raises(ValueError, match=r"LinenEmbed '': the mesh has axes \('sc',\), not 'nope'; "
+                                         r"pass axis= the mesh axis"):
         layers.LinenEmbed(plan, mesh=one_device_mesh(), axis="nope").init(
             jax.random.key(0), batch_of(plan))
 
 
 def test_nnx_axis_not_in_the_mesh_is_named() -> None:
-    with pytest.raises(ValueError, match=r"NnxEmbed: axis='nope' is not an axis of the mesh "
-                                         r"\(its axes are \('sc',\)\)"):
+    with pytest.raises(ValueError, match=r"NnxEmbed: the mesh has axes \('sc',\), not 'nope'; "
+                                         r"pass axis= the mesh axis"):
         layers.NnxEmbed(plan_of(), rngs=nnx.Rngs(0), mesh=one_device_mesh(), axis="nope")
+
+
+def test_init_tables_names_an_axis_not_in_the_mesh_and_a_mesh_of_other_devices() -> None:
+    """`ops.init_tables` called directly: JAX's "Resource axis ... not found in mesh" before;
+    a mesh of another device count split a plan's rows the wrong number of ways."""
+    plan = plan_of()
+    with pytest.raises(ValueError, match=r"init_tables: the mesh has axes \('sc',\), not 'nope'"):
+        tc.ops.init_tables(plan, jax.random.key(0), mesh=one_device_mesh(), axis="nope")
+    two = tc.plan_stacking(list(plan.features.values()),
+                           tc.Topology(global_devices=2, sc_per_device=1))
+    with pytest.raises(ValueError, match=r"init_tables: the mesh splits 'sc' over 1 devices but "
+                                         r"the plan was built for 2"):
+        tc.ops.init_tables(two, jax.random.key(0), mesh=one_device_mesh(), axis="sc")

@@ -7,6 +7,7 @@ from typing import Any
 
 from jax.sharding import Mesh
 
+from ..ops._contract import check_mesh as ops_check_mesh
 from ..ops._contract import check_names
 from ..preprocessing import PreprocessedBatch
 from ..stacking import StackingPlan
@@ -27,14 +28,11 @@ def check_batch(plan: StackingPlan, batch: Any, layer: str) -> None:
         )
 
 
-def check_mesh(mesh: Mesh | None, axis: str, layer: str) -> None:
-    """`axis` is an axis of `mesh`: refused up front, naming both, rather than by JAX's
-    "Resource axis ... is not found in mesh" from inside the tables' initialisation."""
-    if mesh is not None and axis not in mesh.axis_names:
-        raise ValueError(
-            f"{layer}: axis={axis!r} is not an axis of the mesh (its axes are "
-            f"{tuple(mesh.axis_names)}); pass axis= the mesh axis the tables are sharded over."
-        )
+def check_mesh(plan: StackingPlan, mesh: Mesh | None, axis: str, layer: str) -> None:
+    """`axis` is an axis of `mesh` over the plan's devices (`ops`' check, before the
+    layer's first use of the mesh)."""
+    if mesh is not None:
+        ops_check_mesh(plan, mesh, axis, layer)
 
 
 def check_variables(plan: StackingPlan, variables: Mapping[str, Any], layer: str) -> None:

@@ -87,7 +87,7 @@ class LinenEmbed(nn.Module):
         return f"LinenEmbed {path!r}"
 
     def setup(self) -> None:
-        check_mesh(self.mesh, self.axis, self._where())
+        check_mesh(self.plan, self.mesh, self.axis, self._where())
         if not (self.is_initializing() or self.has_variable(EMBEDDINGS, TABLES)):
             raise ValueError(
                 f"{self._where()}: no embedding tables; the variables passed to apply lack the "

@@ -67,7 +67,7 @@ class NnxEmbed(nnx.Module):
 
     def __init__(self, plan: StackingPlan, *, rngs: nnx.Rngs, mesh: Mesh | None = None,
                  axis: str = DEFAULT_AXIS, init_on_host: bool = False) -> None:
-        check_mesh(mesh, axis, "NnxEmbed")
+        check_mesh(plan, mesh, axis, "NnxEmbed")
         self.plan = plan
         self.mesh = mesh
         self.axis = axis

@@ -46,16 +46,7 @@ def check_call(plan: StackingPlan, batch: PreprocessedBatch, mesh: Mesh | None, 
     if mesh is None and devices != 1:
         raise ValueError(f"{what}: the plan spans {devices} devices; pass the mesh they form.")
     if mesh is not None:
-        if axis not in mesh.shape:
-            raise ValueError(f"{what}: the mesh has axes {tuple(mesh.shape)}, not {axis!r}; "
-                             "pass axis= the mesh axis the tables are sharded over.")
-        if mesh.shape[axis] != devices:
-            raise ValueError(
-                f"{what}: the mesh splits {axis!r} over {mesh.shape[axis]} devices but the "
-                f"plan was built for {devices}; build the plan for this mesh "
-                f"(Topology(global_devices={mesh.shape[axis]}, ...)) or use its mesh.")
-    if mesh is not None and jax.process_count() > 1:
-        check_even_processes(mesh, what)
+        check_mesh(plan, mesh, axis, what)
     if jax.process_count() > 1:
         # Processes with different plans would pair collectives of different sizes (gloo
         # aborts without a Python error): they agree first, once per plan, and fail together.
@@ -94,6 +85,23 @@ def check_call(plan: StackingPlan, batch: PreprocessedBatch, mesh: Mesh | None, 
                 f"{'; '.join(differences[:4])}"
                 f"{f' (and {len(differences) - 4} more)' if len(differences) > 4 else ''}. "
                 f"{_REMEDY}")
+
+
+def check_mesh(plan: StackingPlan, mesh: Mesh, axis: str, what: str) -> None:
+    """`axis` is an axis of `mesh` over the plan's devices, split evenly between the
+    processes: refused up front, naming both, rather than by JAX's "Resource axis ... is
+    not found in mesh" or a layout split the wrong number of ways."""
+    if axis not in mesh.shape:
+        raise ValueError(f"{what}: the mesh has axes {tuple(mesh.shape)}, not {axis!r}; "
+                         "pass axis= the mesh axis the tables are sharded over.")
+    devices = plan.topology.global_devices
+    if mesh.shape[axis] != devices:
+        raise ValueError(
+            f"{what}: the mesh splits {axis!r} over {mesh.shape[axis]} devices but the "
+            f"plan was built for {devices}; build the plan for this mesh "
+            f"(Topology(global_devices={mesh.shape[axis]}, ...)) or use its mesh.")
+    if jax.process_count() > 1:
+        check_even_processes(mesh, what)
 
 
 def check_even_processes(mesh: Mesh, what: str) -> None:

@@ -18,7 +18,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from ..optimizers import init_slots
 from ..specs import Initializer
 from ..stacking import StackingPlan
-from ._contract import check_even_processes
+from ._contract import check_mesh
 from ._lookup import DEFAULT_AXIS
 from ._memory import check_memory
 from ._placement import place_rows
@@ -165,8 +165,8 @@ def init_tables(
     otherwise on the default device. Raises `MemoryError` first when the variables
     cannot fit at all (`check_memory`).
     """
-    if mesh is not None and jax.process_count() > 1:
-        check_even_processes(mesh, "init_tables")
+    if mesh is not None:
+        check_mesh(plan, mesh, axis, "init_tables")
     check_memory(plan, mesh=mesh)
     sharding = None if mesh is None else NamedSharding(mesh, PartitionSpec(axis, None))
     initialize = _plan_initializer(
