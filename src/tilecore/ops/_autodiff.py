@@ -22,7 +22,7 @@ from ..stacking import StackingPlan
 from ._contract import check_names
 from ._lookup import DEFAULT_AXIS, lookup
 from ._lookup_grad import lookup_grad
-from ._placement import place_rows
+from ._placement import explicit_axis, place_rows
 from ._variables import EmbeddingVariables
 
 
@@ -70,8 +70,7 @@ def embed(
 
     # Under an explicitly sharded mesh a cotangent must carry its input's sharding.
     specs: dict[str, NamedSharding] = {}
-    if mesh is not None and (
-            mesh.axis_types[mesh.axis_names.index(axis)] == jax.sharding.AxisType.Explicit):
+    if mesh is not None and explicit_axis(mesh, axis):
         specs = {name: NamedSharding(mesh, jax.typeof(p).sharding.spec)
                  for name, p in probe.items()}
 

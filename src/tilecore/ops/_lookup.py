@@ -20,13 +20,14 @@ from ._contract import VARIABLES_REMEDY, check_call, check_names
 from ._eager import ByIdentity, should_jit
 from ._layout import stack_layouts
 from ._per_device import lookup_stack
+from ._placement import explicit_axis
 from ._variables import EmbeddingVariables
 
 
 def on_mesh(mesh: Mesh, axis: str, *trees: object) -> tuple:
     """The trees' arrays split over `axis` of `mesh` by their leading dimension."""
     spec = NamedSharding(mesh, PartitionSpec(axis))
-    explicit = mesh.axis_types[mesh.axis_names.index(axis)] == jax.sharding.AxisType.Explicit
+    explicit = explicit_axis(mesh, axis)
     place = (lambda x: jax.reshard(x, spec)) if explicit else (
         lambda x: jax.lax.with_sharding_constraint(x, spec))
     return tuple(jax.tree.map(place, tree) for tree in trees)

@@ -19,6 +19,12 @@ _Tree = TypeVar("_Tree")
 """A pytree of arrays: `{stack: EmbeddingVariables}` or `{feature: probe}`."""
 
 
+def explicit_axis(mesh: Mesh, axis: str) -> bool:
+    """Whether `axis` of `mesh` is explicitly sharded (arrays then move by `jax.reshard`,
+    and a cotangent must carry its input's sharding), not by sharding constraints."""
+    return mesh.axis_types[mesh.axis_names.index(axis)] == jax.sharding.AxisType.Explicit
+
+
 def place_rows(tree: _Tree, mesh: Mesh | None, axis: str) -> _Tree:
     """`tree`'s arrays split by rows over `axis` of `mesh` (unchanged without a mesh).
 
@@ -28,7 +34,7 @@ def place_rows(tree: _Tree, mesh: Mesh | None, axis: str) -> _Tree:
     """
     if mesh is None:
         return tree
-    explicit = mesh.axis_types[mesh.axis_names.index(axis)] == jax.sharding.AxisType.Explicit
+    explicit = explicit_axis(mesh, axis)
 
     def place(x: jax.Array) -> jax.Array:
         sharding = NamedSharding(mesh, PartitionSpec(axis, *([None] * (x.ndim - 1))))
