@@ -69,13 +69,15 @@ def run_processes(count: int, body: Callable[[int, MemoryStore], Any], store: Me
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=30)
+        t.join(timeout=120)
     assert not any(t.is_alive() for t in threads), "a process hung"
     return results
 
 
 def agreement(p: int, store: MemoryStore, count: int, plan: tc.StackingPlan | None = None,
-              name: str = "t", timeout_s: float = 10.0) -> DistributedAgreement:
+              name: str = "t", timeout_s: float = 60.0) -> DistributedAgreement:
+    """One simulated process's agreement; its rounds wait `timeout_s` (generous: the threads
+    share a test worker's core with the suite's other workers, and once took 10 s)."""
     return DistributedAgreement(plan or plan_for(count), timeout_s=timeout_s, name=name,
                                 store=store, process_id=p, process_count=count)
 
