@@ -241,7 +241,17 @@ def test_unprepared_tables_need_padded_sizes() -> None:
 
 # --- against the reference -----------------------------------------------------------------
 
-REFERENCE_CODE = '''
+ERROR_OF = '''
+def error(fn):
+    """The name of the exception `fn()` raises, or None."""
+    try:
+        fn()
+    except Exception as err:
+        return type(err).__name__
+    return None
+'''
+
+REFERENCE_CODE = ERROR_OF + '''
 import json
 import jax
 import numpy as np
@@ -250,13 +260,6 @@ from jax_tpu_embedding.sparsecore.lib.nn import embedding_spec as es
 
 out = {"re_exported": [getattr(embedding, n, None) is getattr(epu, n)
                        for n in json.loads((WORKDIR / "names.json").read_text())]}
-
-def error(fn):
-    try:
-        fn()
-    except Exception as err:
-        return type(err).__name__
-    return None
 
 table = es.TableSpec(name="t", vocabulary_size=64, embedding_dim=8,
                      initializer=jax.nn.initializers.constant(0.5),
@@ -288,7 +291,7 @@ def test_reference_re_exports_and_error_types(tmp_path: pathlib.Path) -> None:
 
 # --- what the reference does with the cases left as they are, and the ones refused ---------
 
-DECISIONS_CODE = '''
+DECISIONS_CODE = ERROR_OF + '''
 import json
 import jax
 import numpy as np
@@ -297,13 +300,6 @@ from jax_tpu_embedding.sparsecore.lib.nn import table_stacking
 
 exec((WORKDIR / "cases.py").read_text())
 out, arrays = {}, {}
-
-def error(fn):
-    try:
-        fn()
-    except Exception as err:
-        return type(err).__name__
-    return None
 
 IDS = {"f": np.zeros((16, 1), np.int32)}
 out["float_vocab"] = error(lambda: embedding.preprocess_sparse_dense_matmul_input(

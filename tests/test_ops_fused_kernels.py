@@ -232,14 +232,21 @@ def test_update_rows_parts_write_their_own_rows_and_add_up_to_the_whole() -> Non
                 assert np.isnan(got[done:]).all()
 
 
+def _one_table(optimizer: tc.OptimizerSpec, vocab: int, dim: int, ids: np.ndarray
+               ) -> tuple[tc.StackingPlan, tc.PreprocessedBatch, dict[str, Any]]:
+    """A plan of table "t" (`vocab` x `dim`, summed) and feature "f" of `ids`' shape on two
+    SparseCores, the batch of `ids`, and the plan's initial tables."""
+    table = tc.TableSpec(name="t", vocab_size=vocab, embedding_dim=dim, combiner="sum",
+                         optimizer=optimizer)
+    plan = tc.plan_stacking([tc.FeatureSpec(name="f", table=table, input_shape=ids.shape)],
+                            tc.Topology(global_devices=1, sc_per_device=2))
+    batch, _ = tc.preprocess(plan, {"f": ids})
+    return plan, batch, ops.init_tables(plan, jax.random.key(0))
+
+
 def _update_size(optimizer: tc.OptimizerSpec) -> float:
     """Σ|table change| after one `lookup_grad` of unit gradients: 16 IDs, each row once."""
-    table = tc.TableSpec(name="t", vocab_size=32, embedding_dim=4, combiner="sum",
-                         optimizer=optimizer)
-    plan = tc.plan_stacking([tc.FeatureSpec(name="f", table=table, input_shape=(8, 2))],
-                            tc.Topology(global_devices=1, sc_per_device=2))
-    batch, _ = tc.preprocess(plan, {"f": np.arange(16).reshape(8, 2)})
-    variables = ops.init_tables(plan, jax.random.key(0))
+    plan, batch, variables = _one_table(optimizer, 32, 4, np.arange(16).reshape(8, 2))
     before = np.asarray(variables["t"].table).copy()
     after = ops.lookup_grad(plan, batch, variables, {"f": jnp.ones((8, 4))}, 0)
     return float(np.abs(np.asarray(after["t"].table) - before).sum())
@@ -282,13 +289,9 @@ def test_a_rule_returning_rows_of_another_shape_is_refused(kernels: str, broken:
             return row - lr * grad
         return (row - lr * grad).T, slot
 
-    table = tc.TableSpec(name="t", vocab_size=64, embedding_dim=8, combiner="sum",
-                         optimizer=tc.CustomOptimizer(update_fn=rule, learning_rate=0.1,
-                                                      slot_initial_value_tuple=(0.5,)))
-    plan = tc.plan_stacking([tc.FeatureSpec(name="f", table=table, input_shape=(16, 1))],
-                            tc.Topology(global_devices=1, sc_per_device=2))
-    batch, _ = tc.preprocess(plan, {"f": np.arange(16).reshape(16, 1)})
-    variables = ops.init_tables(plan, jax.random.key(0))
+    plan, batch, variables = _one_table(
+        tc.CustomOptimizer(update_fn=rule, learning_rate=0.1, slot_initial_value_tuple=(0.5,)),
+        64, 8, np.arange(16).reshape(16, 1))
     message = {"integer row": r"returned new_row of dtype int32; expected floating-point rows",
                "no tuple": r"returned a \w+, not a tuple; expected a tuple \(new_row, \*new_slots\) "
                            r"of 2 arrays"}.get(
@@ -308,12 +311,7 @@ def test_a_rule_of_more_slots_than_a_kernel_call_can_pass_runs_in_jax(kernels: s
     spec = tc.CustomOptimizer(update_fn=rule, learning_rate=0.5,
                               slot_initial_value_tuple=(0.0,) * 10)
     assert fused_kernels(spec, np.float32, 8) is None
-    table = tc.TableSpec(name="t", vocab_size=64, embedding_dim=8, combiner="sum",
-                         optimizer=spec)
-    plan = tc.plan_stacking([tc.FeatureSpec(name="f", table=table, input_shape=(16, 1))],
-                            tc.Topology(global_devices=1, sc_per_device=2))
-    batch, _ = tc.preprocess(plan, {"f": np.arange(16).reshape(16, 1)})
-    variables = ops.init_tables(plan, jax.random.key(0))
+    plan, batch, variables = _one_table(spec, 64, 8, np.arange(16).reshape(16, 1))
     after = ops.lookup_grad(plan, batch, variables, {"f": jnp.ones((16, 8))}, 0)["t"]
     rows = ops.unshard(plan, {"t": after.table})["t"][:16]
     before = ops.unshard(plan, {"t": variables["t"].table})["t"][:16]
