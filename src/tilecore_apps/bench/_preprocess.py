@@ -144,10 +144,7 @@ def run(args: argparse.Namespace) -> int:
     plan = tc.plan_stacking(workload.features, topology)
 
     threads = effective_threads(args.threads)
-    workload.warm_up()
-    t0 = time.perf_counter()
-    batches = [workload.batch(step, num_threads=threads) for step in range(args.batches)]
-    generation_s = (time.perf_counter() - t0) / args.batches
+    batches, generation_s = _draw(workload, args.batches, threads)
     ids = [data.num_ids(b) for b in batches]
     inputs = [input_form(workload, b, args.input_form) for b in batches]
     _load_kernels(args.workload, topology, args.threads, args.input_form)
@@ -201,6 +198,15 @@ def run(args: argparse.Namespace) -> int:
     if args.json is not None:
         write_json(args.json, result)
     return 0
+
+
+def _draw(workload: Any, count: int, threads: int) -> tuple[list[Any], float]:
+    """The workload's first `count` batches (its generator compiled first), and the seconds
+    each took to draw."""
+    workload.warm_up()
+    t0 = time.perf_counter()
+    batches = [workload.batch(step, num_threads=threads) for step in range(count)]
+    return batches, (time.perf_counter() - t0) / count
 
 
 def _time_device(plan: tc.StackingPlan, inputs: list[Inputs], ids: list[int], warmup: int,

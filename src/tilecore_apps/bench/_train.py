@@ -60,19 +60,7 @@ def add_parser(kinds: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    for name in ("batch_size", "repeats", "staged"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"bench train: --{name.replace('_', '-')} must be >= 1, got "
-                             f"{getattr(args, name)}.")
-    if args.steps < 3:
-        raise ValueError(f"bench train: --steps must be >= 3 (the first compiles), got "
-                         f"{args.steps}.")
-    for name in ("prefetch", "input_processes"):
-        if getattr(args, name) < 0:
-            raise ValueError(f"bench train: --{name.replace('_', '-')} must be >= 0, got "
-                             f"{getattr(args, name)}.")
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"bench train: --threads must be >= 1, got {args.threads}.")
+    _check(args)
     import jax
 
     from tilecore import data
@@ -84,17 +72,7 @@ def run(args: argparse.Namespace) -> int:
         input_processes=args.input_processes, num_threads=args.threads,
         pipelining=args.pipelining, preprocess_on=args.preprocess_on,
         minibatching=args.preprocess_on != "device")
-    staged = dataclasses.replace(config, staged_batches=args.staged, input_processes=0)
-    runs: dict[str, list[float]] = {"input": [], "staged": [], "train": []}
-    waits = []
-    for round_ in range(args.repeats):
-        runs["input"].append(dlrm.input_rate(source, config, batches=args.steps))
-        runs["staged"].append(_train(source, staged).examples_per_s)
-        summary = _train(source, config)
-        runs["train"].append(summary.examples_per_s)
-        waits.append(summary.input_wait_fraction)
-        print(f"round {round_ + 1}/{args.repeats}: " + ", ".join(
-            f"{k} {v[-1]:,.0f}" for k, v in runs.items()) + " examples/s", flush=True)
+    runs, waits = _rounds(source, config, args)
     median = {k: statistics.median(v) for k, v in runs.items()}
     result = {
         "train_examples_per_s": median["train"],
@@ -128,6 +106,43 @@ def run(args: argparse.Namespace) -> int:
     if args.json is not None:
         write_json(args.json, result)
     return 0
+
+
+def _check(args: argparse.Namespace) -> None:
+    """The counts are counts, before anything is built."""
+    for name in ("batch_size", "repeats", "staged"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"bench train: --{name.replace('_', '-')} must be >= 1, got "
+                             f"{getattr(args, name)}.")
+    if args.steps < 3:
+        raise ValueError(f"bench train: --steps must be >= 3 (the first compiles), got "
+                         f"{args.steps}.")
+    for name in ("prefetch", "input_processes"):
+        if getattr(args, name) < 0:
+            raise ValueError(f"bench train: --{name.replace('_', '-')} must be >= 0, got "
+                             f"{getattr(args, name)}.")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"bench train: --threads must be >= 1, got {args.threads}.")
+
+
+def _rounds(source: Any, config: Any, args: argparse.Namespace
+            ) -> tuple[dict[str, list[float]], list[float]]:
+    """`--repeats` rounds of the input pipeline alone, training on staged batches and
+    training: each round's examples/s (printed as it ends) and the training's input waits."""
+    from tilecore_apps import dlrm
+
+    staged = dataclasses.replace(config, staged_batches=args.staged, input_processes=0)
+    runs: dict[str, list[float]] = {"input": [], "staged": [], "train": []}
+    waits = []
+    for round_ in range(args.repeats):
+        runs["input"].append(dlrm.input_rate(source, config, batches=args.steps))
+        runs["staged"].append(_train(source, staged).examples_per_s)
+        summary = _train(source, config)
+        runs["train"].append(summary.examples_per_s)
+        waits.append(summary.input_wait_fraction)
+        print(f"round {round_ + 1}/{args.repeats}: " + ", ".join(
+            f"{k} {v[-1]:,.0f}" for k, v in runs.items()) + " examples/s", flush=True)
+    return runs, waits
 
 
 def _verdict(result: dict[str, Any], *, cpu: bool) -> str:

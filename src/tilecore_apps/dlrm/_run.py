@@ -107,24 +107,10 @@ def run_steps(step: TrainStep, state: TrainState, hooks: Hooks, *, plan: Stackin
             stats.train_losses.append(check_finite(*pending, plan))
             pending = None
 
-    def inputs(batches: Prefetcher[Prepared]) -> Iterator[StepInput]:
-        while not hooks.stop_requested():
-            t_wait = time.perf_counter()
-            item = next(batches, None)
-            if item is None:
-                return
-            if stats.compile_seconds:  # the first batch's wait is start-up, not steady state
-                stats.input_wait_seconds += time.perf_counter() - t_wait
-            batch, prep_stats, num_minibatches, seconds = item
-            load.add(prep_stats)
-            stats.minibatches.append(num_minibatches)
-            stats.preprocess_seconds += seconds
-            yield StepInput(batch.sparse, batch.dense)
-
     feed = hooks.feed
     with Prefetcher(lambda i: feed.batch(start + i), steps - start, depth=feed.depth,
                     workers=feed.threads) as batches:
-        step_inputs = inputs(batches)
+        step_inputs = _step_inputs(batches, hooks, stats, load)
         begin = done = start
         for end in segment_ends(start, steps, checkpoint_every):
             if begin != start:
@@ -157,6 +143,25 @@ def run_steps(step: TrainStep, state: TrainState, hooks: Hooks, *, plan: Stackin
     stats.timed_seconds = (time.perf_counter() - t_loop - stats.compile_seconds
                            - stats.eval_seconds - stats.checkpoint_seconds)
     return state, stats
+
+
+def _step_inputs(batches: Prefetcher[Prepared], hooks: Hooks, stats: LoopStats,
+                 load: LoadTracker) -> Iterator[StepInput]:
+    """The prefetched batches as the loop's inputs, until they end or a stop is requested;
+    the time spent waiting for each (after the first: start-up), its preprocessing time,
+    minibatches and load recorded in `stats` and `load`."""
+    while not hooks.stop_requested():
+        t_wait = time.perf_counter()
+        item = next(batches, None)
+        if item is None:
+            return
+        if stats.compile_seconds:  # the first batch's wait is start-up, not steady state
+            stats.input_wait_seconds += time.perf_counter() - t_wait
+        batch, prep_stats, num_minibatches, seconds = item
+        load.add(prep_stats)
+        stats.minibatches.append(num_minibatches)
+        stats.preprocess_seconds += seconds
+        yield StepInput(batch.sparse, batch.dense)
 
 
 def _stop_at(hooks: Hooks, state: TrainState, done: int, *, saved: bool, stats: LoopStats,
