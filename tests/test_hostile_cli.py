@@ -224,9 +224,8 @@ def test_bench_step_topology_is_checked_before_a_child_is_started(
     monkeypatch.setattr(_devices.subprocess, "Popen", no_child)
     assert main([*STEP, "--devices", "100000"]) == 2
     err = capsys.readouterr().err
-    assert "bench step: --devices 100000 --sc-per-device 1: tables are sharded over devices " \
-           "x SparseCores partitions, 100000 here; --sc-per-device and the partitions must be " \
-           "powers of two." in err, err
+    assert "bench step: --devices 100000 --sc-per-device 1: Topology: global_devices × " \
+           "sc_per_device must be a power of two, got 100000 × 1 = 100000." in err, err
     assert main([*STEP, "--devices", "65536"]) == 2
     err = capsys.readouterr().err
     most = _devices.max_cpu_devices()

@@ -33,6 +33,17 @@ def parse_topology(text: str) -> tc.Topology:
     return tc.Topology(global_devices=devices, sc_per_device=sc)
 
 
+def flags_topology(devices: int, sc_per_device: int) -> tc.Topology:
+    """The topology of `--devices` and `--sc-per-device`; one that is none (the partitions,
+    devices × SparseCores, not a power of two, say) is named by those flags, not by the
+    library's field names."""
+    try:
+        return tc.Topology(global_devices=devices, sc_per_device=sc_per_device)
+    except ValueError as error:
+        raise ValueError(f"--devices {devices} --sc-per-device {sc_per_device}: {error}"
+                         ) from None
+
+
 def topology_arg(text: str) -> tc.Topology:
     """argparse type of a `--topology LxS` option: a bad value is a usage error naming it."""
     try:

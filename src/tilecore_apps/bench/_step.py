@@ -20,6 +20,7 @@ from .._common import (
     add_workload_option,
     calibrate,
     effective_threads,
+    flags_topology,
     preprocess_dropping,
     write_json,
 )
@@ -144,7 +145,10 @@ def _check(args: argparse.Namespace) -> None:
         if getattr(args, name) < 1:
             raise ValueError(f"bench step: --{name.replace('_', '-')} must be >= 1, got "
                              f"{getattr(args, name)}.")
-    _check_topology(args.devices, args.sc_per_device)
+    try:  # before a child process is started with --devices CPU devices
+        flags_topology(args.devices, args.sc_per_device)
+    except ValueError as error:
+        raise ValueError(f"bench step: {error}") from None
     if args.minibatch_split > 1 and not args.minibatching:
         raise ValueError(f"bench step: --minibatch-split {args.minibatch_split} needs "
                          "--minibatching.")
@@ -166,18 +170,6 @@ def _check(args: argparse.Namespace) -> None:
                 "bench step: the naive step needs optax; `pip install optax` (or tilecore[dev]) "
                 "or pass --no-naive."
             ) from None
-
-
-def _check_topology(devices: int, sc_per_device: int) -> None:
-    """Refuse a topology tilecore cannot shard over (the partitions, devices × SparseCores,
-    a power of two) before a child process is started with --devices CPU devices."""
-    try:
-        tc.Topology(global_devices=devices, sc_per_device=sc_per_device)
-    except ValueError:
-        raise ValueError(
-            f"bench step: --devices {devices} --sc-per-device {sc_per_device}: tables are "
-            f"sharded over devices x SparseCores partitions, {devices * sc_per_device} here; "
-            "--sc-per-device and the partitions must be powers of two.") from None
 
 
 def _cap_ids(batch: Mapping[str, tc.Ragged], features: list[tc.FeatureSpec]
@@ -204,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
     optimizer = OPTIMIZERS[args.optimizer]()
     features = bench_features(workload.features, optimizer, max_vocab=args.max_vocab,
                               weights_dtype=args.weights_dtype)
-    topology = tc.Topology(global_devices=args.devices, sc_per_device=args.sc_per_device)
+    topology = flags_topology(args.devices, args.sc_per_device)
     config = tc.SparseCoreConfig() if args.activation_mem_mb is None else tc.SparseCoreConfig(
         activation_mem_bytes_limit=max(1, round(args.activation_mem_mb * 2**20)))
     plan = tc.plan_stacking(features, topology, config)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import tilecore as tc
 from tilecore import data
 
-from .._common import add_threads_option, topology_arg, write_file, write_json
+from .._common import add_threads_option, flags_topology, topology_arg, write_file, write_json
 from .._devices import RERUN_ENV, max_cpu_devices, with_device_count
 from .._options import (
     int_list,
@@ -164,11 +164,7 @@ def _topology(args: argparse.Namespace) -> tc.Topology:
                 raise ValueError(f"{flag} {given} contradicts --topology {topology}; "
                                  "give one of them.")
         return topology
-    devices, sc = args.devices or 1, args.sc_per_device or 4
-    try:
-        return tc.Topology(global_devices=devices, sc_per_device=sc)
-    except ValueError as error:  # the library's words are its fields': name the flags
-        raise ValueError(f"--devices {devices} --sc-per-device {sc}: {error}") from None
+    return flags_topology(args.devices or 1, args.sc_per_device or 4)
 
 
 def _saved_topology(run_dir: Path, step: int) -> str:
