@@ -300,6 +300,21 @@ def test_a_rule_returning_rows_of_another_shape_is_refused(kernels: str, broken:
         ops.lookup_grad(plan, batch, variables, {"f": jnp.ones((16, 8))}, 0)
 
 
+def test_a_rule_reading_the_row_width_gets_the_tables(kernels: str) -> None:
+    """The fused kernel's source was traced on rows of 3 values: a rule that reads its rows'
+    width (`row.shape[1]`) was compiled with 3 in it, on a table of 8 (a step of 1.5, not 4,
+    on the CPU wing alone)."""
+    def rule(grad: Any, row: Any, lr: Any) -> tuple[Any]:
+        return (row - lr * grad * row.shape[1],)
+
+    plan, batch, variables = _one_table(tc.CustomOptimizer(update_fn=rule, learning_rate=0.5),
+                                        64, 8, np.arange(16).reshape(16, 1))
+    after = ops.lookup_grad(plan, batch, variables, {"f": jnp.ones((16, 8))}, 0)["t"]
+    change = (ops.unshard(plan, {"t": variables["t"].table})["t"][:16]
+              - ops.unshard(plan, {"t": after.table})["t"][:16])
+    np.testing.assert_allclose(change, 0.5 * 8, rtol=1e-6)
+
+
 def test_a_rule_of_more_slots_than_a_kernel_call_can_pass_runs_in_jax(kernels: str) -> None:
     """Ten slots made the fused kernel's calls 34 arguments long, which numba cannot
     compile (it raised `UnsupportedError` from the generated module); such a rule now
