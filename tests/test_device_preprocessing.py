@@ -177,7 +177,7 @@ def test_limits_drop_and_raise_as_on_the_host() -> None:
 
 
 @pytest.mark.parametrize("damage", ["id_too_large", "negative_id", "nan_weight", "zero_sum",
-                                    "overflowing_sum", "int64_id"])
+                                    "overflowing_sum", "overflowing_duplicates", "int64_id"])
 def test_invalid_inputs_raise_the_host_error(damage: str) -> None:
     plan = PLANS["1x4"].with_config(allow_id_dropping=True)
     inputs, weights = _inputs(plan, 5, empty=0.0, duplicates=0.0, zipf=False, dense=False)
@@ -189,6 +189,15 @@ def test_invalid_inputs_raise_the_host_error(damage: str) -> None:
     elif damage == "overflowing_sum":  # Σw of a mean feature's row past float32's max
         r = int(np.argmax(np.diff(f1.row_splits) >= 2))
         weights["f1"][f1.row_splits[r]:f1.row_splits[r + 1]] = 3e38
+    elif damage == "overflowing_duplicates":  # one ID twice in a sum feature's row, 3e38 each
+        f0 = inputs["f0"]
+        r = int(np.argmax(np.diff(f0.row_splits) >= 2))
+        a = f0.row_splits[r]
+        values = f0.values.copy()
+        values[a + 1] = values[a]
+        inputs["f0"] = tc.Ragged(values, f0.row_splits)
+        weights["f0"] = np.ones(values.shape[0], np.float32)
+        weights["f0"][a:a + 2] = 3e38
     elif damage == "nan_weight":
         weights["f2"][7] = np.nan
     else:
@@ -197,7 +206,7 @@ def test_invalid_inputs_raise_the_host_error(damage: str) -> None:
         values[20] = 500
         inputs["f1"] = tc.Ragged(values, f1.row_splits)
     error = assert_same(plan, inputs, weights)
-    assert isinstance(error, ValueError) and re.search("Feature 'f[12]'", str(error))
+    assert isinstance(error, ValueError) and re.search("Feature 'f[012]'", str(error))
 
 
 def test_long_duplicate_runs_merge_as_on_the_host() -> None:

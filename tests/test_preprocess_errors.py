@@ -200,6 +200,21 @@ def test_finite_weights_whose_sum_overflows(combiner: str, row: list[float]) -> 
         tc.preprocess(make_plan(combiner), {"feat": GOOD}, {"feat": weights})
 
 
+def test_duplicates_whose_summed_weights_overflow() -> None:
+    """The 'sum' combiner merges an ID repeated in a row by adding its weights: past
+    float32's max its gain was inf, in silence. Two IDs of such weights are no merge."""
+    ids = np.array([[1, 2, 3], [4, 5, 4], [6, 7, 8], [9, 10, 11]])
+    weights = np.ones((4, 3))
+    weights[1] = [3e38, 1.0, 3e38]
+    message = ("Feature 'feat': the weights of an ID repeated in row 1 (largest magnitude "
+               "3e+38) overflow float32 when the 'sum' combiner of table 'tab' merges its "
+               "duplicates")
+    with pytest.raises(ValueError, match=re.escape(message)):
+        tc.preprocess(make_plan("sum"), {"feat": ids}, {"feat": weights})
+    weights[1] = [3e38, 3e38, 1.0]  # IDs 4 and 5: each its own entry
+    tc.preprocess(make_plan("sum"), {"feat": ids}, {"feat": weights})
+
+
 def test_zero_weights_are_fine_for_sum_and_for_empty_rows() -> None:
     tc.preprocess(make_plan("sum"), {"feat": GOOD}, {"feat": np.zeros((4, 3))})
     ragged = tc.Ragged(np.array([1, 2]), np.array([0, 1, 1, 2, 2]), np.ones(2, np.float32))

@@ -267,7 +267,8 @@ def pack_stack(st: StackStatic, limits: jax.Array, ids: tuple[jax.Array, ...],
         "required": jnp.sum(align_up(ids_count), axis=1, dtype=_I32).reshape(local, s),
         "dropped": dropped + overflow,
         "overflow": overflow,
-        "bad": jnp.any(bad),
+        # A sum's duplicates whose weights add past float32's max: the host's error.
+        "bad": jnp.any(bad) | jnp.any(entry & ~jnp.isfinite(merged)),
     }
 
 

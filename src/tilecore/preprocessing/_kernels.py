@@ -130,6 +130,28 @@ def stage(values, splits, weights, has_weights, width, r0, r1, sample_base, shif
     return OK, 0
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+@_jit
+def _duplicates_overflow(values, weights, s, e):
+    """Whether the weights of one ID repeated in row `[s, e)`, added in float32 in the row's
+    order (as `emit` merges a sum's duplicates), pass float32's max (a gain of inf)."""
+    for i in range(s, e):
+        seen = False
+        for j in range(s, i):
+            seen = seen or values[j] == values[i]
+        if seen:
+            continue
+        total = np.float32(0.0)
+        for j in range(i, e):
+            if values[j] == values[i]:
+                total += weights[j]
+        if not np.isfinite(total):
+            return True
+    return False
+
+
 @_jit
 def _stage_weighted(values, splits, weights, r0, r1, sample_base, shift, col_offset, log2n,
                     rowbits, digit_bits, combiner, cursor, entries, gains):
@@ -138,6 +160,7 @@ def _stage_weighted(values, splits, weights, r0, r1, sample_base, shift, col_off
         e = splits[r + 1]
         sample = sample_base + (r - r0)
         total = np.float32(0.0)
+        magnitude = 0.0  # sum: Σ|w| in float64, which bounds every sum of the row's duplicates
         for i in range(s, e):
             w = weights[i]
             if not np.isfinite(w):
@@ -147,6 +170,10 @@ def _stage_weighted(values, splits, weights, r0, r1, sample_base, shift, col_off
             elif combiner == SQRTN:
                 # A fused multiply-add, as the reference accumulates Σw² (exact in f64).
                 total = np.float32(np.float64(w) * np.float64(w) + np.float64(total))
+            else:
+                magnitude += abs(np.float64(w))
+        if magnitude > FLOAT32_MAX and _duplicates_overflow(values, weights, s, e):
+            return INFINITE_WEIGHT_SUM, r
         scale = np.float32(1.0)
         if combiner != SUM and e > s:
             if total == 0:

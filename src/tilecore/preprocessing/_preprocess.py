@@ -213,6 +213,13 @@ def _raise_input_error(code: int, feature: FeatureSpec, csr: Csr, where: int) ->
     if code == k.INFINITE_WEIGHT_SUM:
         assert csr.weights is not None
         row_weights = csr.weights[csr.splits[where]:csr.splits[where + 1]]
+        if table.combiner == "sum":
+            raise ValueError(
+                f"Feature {feature.name!r}: the weights of an ID repeated in row {where} "
+                f"(largest magnitude {np.max(np.abs(row_weights)):g}) overflow float32 when "
+                f"the 'sum' combiner of table {table.name!r} merges its duplicates (its gain "
+                "would be inf). Scale the row's weights down."
+            )
         summed = "sums their squares" if table.combiner == "sqrtn" else "sums them"
         raise ValueError(
             f"Feature {feature.name!r}: the weights of row {where} (largest magnitude "
