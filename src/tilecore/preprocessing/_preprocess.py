@@ -18,6 +18,7 @@ from ._agreement import Agreement, LocalAgreement
 from ._buffers import allocate
 from ._errors import IdDroppingWarning
 from ._highway import NUM_BUCKETS
+from ._input_errors import raise_input_error
 from ._inputs import Csr, checked_names, to_csr
 from ._layout import PlanLayout, StackPreprocessing, plan_layout
 from ._limits import check_limits, coo_buffer_size_per_device
@@ -202,44 +203,6 @@ def _task_size(job: _StackJob, device: int, sc: int, sc_per_device: int) -> int:
     )
 
 
-def _raise_input_error(code: int, feature: FeatureSpec, csr: Csr, where: int) -> None:
-    table = feature.table
-    if code == k.ZERO_WEIGHT_SUM:
-        raise ValueError(
-            f"Feature {feature.name!r}: the weights of row {where} sum to zero, so the "
-            f"{table.combiner!r} combiner of table {table.name!r} cannot normalise them. "
-            "Give the row non-zero weights, drop it, or use the 'sum' combiner."
-        )
-    if code == k.INFINITE_WEIGHT_SUM:
-        assert csr.weights is not None
-        row_weights = csr.weights[csr.splits[where]:csr.splits[where + 1]]
-        if table.combiner == "sum":
-            raise ValueError(
-                f"Feature {feature.name!r}: the weights of an ID repeated in row {where} "
-                f"(largest magnitude {np.max(np.abs(row_weights)):g}) overflow float32 when "
-                f"the 'sum' combiner of table {table.name!r} merges its duplicates (its gain "
-                "would be inf). Scale the row's weights down."
-            )
-        summed = "sums their squares" if table.combiner == "sqrtn" else "sums them"
-        raise ValueError(
-            f"Feature {feature.name!r}: the weights of row {where} (largest magnitude "
-            f"{np.max(np.abs(row_weights)):g}) overflow float32 when the {table.combiner!r} "
-            f"combiner of table {table.name!r} {summed}, so it cannot normalise them (every "
-            "gain would be 0). Scale the row's weights down."
-        )
-    row = int(np.searchsorted(csr.splits, where, side="right") - 1)
-    if code == k.BAD_WEIGHT:
-        assert csr.weights is not None
-        raise ValueError(
-            f"Feature {feature.name!r}: weight {csr.weights[where]} at row {row} (position "
-            f"{where}) is not finite; weights must be finite numbers."
-        )
-    raise ValueError(
-        f"Feature {feature.name!r}: ID {csr.values[where]} at row {row} (position {where}) is "
-        f"outside [0, {table.vocab_size}), the vocabulary of table {table.name!r}."
-    )
-
-
 def _feature_csr(plan: StackingPlan, layout: PlanLayout, feature: FeatureSpec,
                  inputs: Mapping[str, Any], weights: Mapping[str, Any], threads: int) -> Csr:
     """One feature's validated CSR rows, checked against the rows the plan expects."""
@@ -362,7 +325,7 @@ def preprocess(
     jobs, results = _run_stacks(plan, layout, inputs, weights, threads, executor)
     for result in results:
         if result.error is not None:
-            _raise_input_error(*result.error)
+            raise_input_error(*result.error)
     stats, overflow = _collect_stats(jobs, results, local, s)
     num_minibatches = 1
     if plan.config.enable_minibatching:
