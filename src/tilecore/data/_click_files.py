@@ -142,6 +142,12 @@ class ClickFiles:
             if len(sparse[f.name].row_splits) != b + 1:
                 raise ValueError(f"Click file {path}: feature {f.name!r} has "
                                  f"{len(sparse[f.name].row_splits) - 1} rows; expected {b}.")
+            values = np.asarray(sparse[f.name].values)
+            outside = np.flatnonzero((values < 0) | (values >= f.vocab_size))
+            if len(outside):
+                raise ValueError(f"Click file {path}: feature {f.name!r} has ID "
+                                 f"{values[outside[0]]} at position {int(outside[0])}, outside "
+                                 f"[0, {f.vocab_size}) (clicks.json; {len(outside)} IDs are).")
         return ClickBatch(sparse=sparse, dense=dense.astype(np.float32),
                           labels=labels.astype(np.float32))
 

@@ -136,7 +136,29 @@ def ragged_from_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> dict[str, R
             if part in p and p[part].dtype.kind not in kinds:
                 raise ValueError(f"{path}: {feature}/{part} holds {p[part].dtype} values; it must "
                                  f"hold {what}.")
+    for feature, p in parts.items():
+        _check_rows(path, feature, p["values"], p["row_splits"], p.get("weights"))
     return {f: Ragged(p["values"], p["row_splits"], p.get("weights")) for f, p in parts.items()}
+
+
+def _check_rows(path: Path, feature: str, values: np.ndarray, splits: np.ndarray,
+                weights: np.ndarray | None) -> None:
+    """A feature's arrays make rows: 1-D values, and row_splits that rise from 0 to the
+    number of values (weights, if any, one per value). Named here, by file, rather than by
+    preprocessing later, by feature alone."""
+    if values.ndim != 1 or splits.ndim != 1 or len(splits) == 0:
+        raise ValueError(f"{path}: {feature}/values {values.shape} and {feature}/row_splits "
+                         f"{splits.shape} must be 1-D, row_splits of at least one entry.")
+    falls = np.flatnonzero(np.diff(splits) < 0)
+    if splits[0] != 0 or splits[-1] != len(values) or len(falls):
+        where = (f"falls at row {int(falls[0])} ({int(splits[falls[0]])} → "
+                 f"{int(splits[falls[0] + 1])})" if len(falls) else
+                 f"runs from {int(splits[0])} to {int(splits[-1])}")
+        raise ValueError(f"{path}: {feature}/row_splits must rise from 0 to the {len(values)} "
+                         f"values; it {where}.")
+    if weights is not None and weights.shape != values.shape:
+        raise ValueError(f"{path}: {feature}/weights {weights.shape} must hold one weight per "
+                         f"value, {values.shape}.")
 
 
 def _load_parquet(path: Path) -> dict[str, Ragged]:
