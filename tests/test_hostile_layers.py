@@ -77,3 +77,37 @@ def test_init_tables_names_an_axis_not_in_the_mesh_and_a_mesh_of_other_devices()
     with pytest.raises(ValueError, match=r"init_tables: the mesh splits 'sc' over 1 devices but "
                                          r"the plan was built for 2"):
         tc.ops.init_tables(two, jax.random.key(0), mesh=one_device_mesh(), axis="sc")
+
+
+class _Tower(nnx.Module):
+    def __init__(self, plan: tc.StackingPlan) -> None:
+        self.embed = layers.NnxEmbed(plan, rngs=nnx.Rngs(0))
+        self.out = nnx.Linear(8, 1, rngs=nnx.Rngs(1))
+
+
+@pytest.mark.parametrize("wrt", [layers.PARAMS_AND_PROBES, ..., layers.Tables])
+def test_embed_optimizer_refuses_a_wrt_that_optimizes_the_probe_or_tables(wrt: object) -> None:
+    """wrt=PARAMS_AND_PROBES was taken: optax moved the probe off zero, which shifted every
+    later activation by it without an error."""
+    import optax
+
+    with pytest.raises(ValueError, match=r"EmbedOptimizer: wrt=.* selects the (Probe|Tables) "
+                                         r"variable 'embed/(probe|tables)' of the NnxEmbed at "
+                                         r"'embed'"):
+        layers.EmbedOptimizer(_Tower(plan_of()), optax.sgd(0.1), wrt=wrt)
+    layers.EmbedOptimizer(_Tower(plan_of()), optax.sgd(0.1))  # the default: params only
+
+
+@pytest.mark.parametrize("plan", [None, {"f": 1}])
+def test_a_layer_without_a_plan_is_named(plan: object) -> None:
+    """It was AttributeError: 'NoneType' object has no attribute 'stacks' (deep in ops)."""
+    with pytest.raises(TypeError, match=r"NnxEmbed: plan must be the StackingPlan"):
+        layers.NnxEmbed(plan, rngs=nnx.Rngs(0))  # pyright: ignore[reportArgumentType]
+    with pytest.raises(TypeError, match=r"LinenEmbed '': plan must be the StackingPlan"):
+        layers.LinenEmbed(plan).init(jax.random.key(0), None)  # pyright: ignore[reportArgumentType]
+
+
+def test_nnx_embed_without_rngs_is_named() -> None:
+    """It was AttributeError: 'NoneType' object has no attribute 'params'."""
+    with pytest.raises(TypeError, match=r"NnxEmbed: rngs must be an nnx.Rngs .* got NoneType"):
+        layers.NnxEmbed(plan_of(), rngs=None)  # pyright: ignore[reportArgumentType]

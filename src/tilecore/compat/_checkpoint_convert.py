@@ -15,6 +15,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from ..specs._numbers import is_integer
 from ._checkpoint_io import PathLike, create_manager, host_targets, restore
 from ._checkpoint_layout import proto_tables, restack, unstack
 from ._checkpoint_targets import target_specs
@@ -33,19 +34,24 @@ def find_embedding_table(tree: Any) -> dict[str, Any] | None:
     return None
 
 
-def _targets(proto: Any, topology: Any, batch: int | None, feature_specs: Any, where: str
-             ) -> tuple[Any, dict[str, Any], int]:
-    """(target proto, stacked table specs, N) for the target topology."""
+def check_topology(devices: Any, per_device: Any, what: str) -> tuple[int, int]:
+    """(devices, SparseCores per device) as Python ints, after checking both are integers
+    (NumPy's too; a bool or float: TypeError, as the row math raised) >= 1 (ValueError)."""
+    counts = f"num_global_devices={devices!r}, num_sc_per_device={per_device!r}"
+    if not all(is_integer(v) for v in (devices, per_device)):
+        raise TypeError(f"{what} needs integer device and SparseCore counts; got {counts}.")
+    if not all(v > 0 for v in (devices, per_device)):
+        raise ValueError(f"{what} needs device and SparseCore counts >= 1; got {counts}.")
+    return int(devices), int(per_device)
+
+
+def stacked_target(feature_specs: Any, devices: int, per_device: int
+                   ) -> tuple[Any, dict[str, Any]]:
+    """(proto, table name → TableSpec) of target feature specs, after checking they are
+    stacked for `devices` × `per_device` SparseCores."""
     from .lib.nn.embedding import get_table_specs
     from .lib.nn.embedding_proto_utils import create_proto_from_feature_specs
 
-    devices, per_device = topology.num_global_devices, topology.num_sc_per_device
-    if not all(isinstance(v, int) and v > 0 for v in (devices, per_device)):
-        raise ValueError(f"target_topology needs positive integer device and SparseCore counts; "
-                         f"got {topology}.")
-    if feature_specs is None:
-        proto, specs = target_specs(proto, devices, per_device, batch, where)
-        return proto, specs, devices * per_device
     target = create_proto_from_feature_specs(feature_specs, devices, per_device)
     try:
         proto_tables(target, "target_feature_specs")
@@ -53,7 +59,22 @@ def _targets(proto: Any, topology: Any, batch: int | None, feature_specs: Any, w
         raise ValueError(f"target_feature_specs are not stacked for {devices} devices × "
                          f"{per_device} SparseCores ({err}); prepare them for the target "
                          "topology first.") from None
-    return target, get_table_specs(feature_specs), devices * per_device
+    return target, get_table_specs(feature_specs)
+
+
+def _targets(proto: Any, topology: Any, batch: int | None, feature_specs: Any, where: str
+             ) -> tuple[Any, dict[str, Any], int]:
+    """(target proto, stacked table specs, N) for the target topology."""
+    if not all(hasattr(topology, f) for f in ("num_global_devices", "num_sc_per_device")):
+        raise TypeError(f"target_topology must be a TargetTopology(num_global_devices, "
+                        f"num_sc_per_device), got {type(topology).__name__} {topology!r:.80}.")
+    devices, per_device = check_topology(topology.num_global_devices,
+                                         topology.num_sc_per_device, "target_topology")
+    if feature_specs is None:
+        proto, specs = target_specs(proto, devices, per_device, batch, where)
+        return proto, specs, devices * per_device
+    target, specs = stacked_target(feature_specs, devices, per_device)
+    return target, specs, devices * per_device
 
 
 def _on_host(tree: Mapping[str, Any]) -> dict[str, Any]:

@@ -56,8 +56,10 @@ def abstract_state(state: nnx.State) -> nnx.State:
                         state)
 
 
-def check_same_layout(proto: Any, layer: Any, where: str) -> None:
-    """Raise unless the checkpoint's stacking equals the layer's (same N, stacks, settings)."""
+def layout_differences(proto: Any, layer: Any, where: str) -> list[str]:
+    """How the stacking an `EmbeddingSpecProto` records differs from the layer's: the
+    SparseCore count, tables only on one side, and per table its vocabulary size,
+    width and place in its stack (empty when they agree)."""
     from .lib.nn.embedding import get_table_specs
 
     saved, n = proto_tables(proto, where)
@@ -68,9 +70,20 @@ def check_same_layout(proto: Any, layer: Any, where: str) -> None:
     for name in sorted(set(saved) | set(model)):
         if name not in saved or name not in model:
             diffs.append(f"table {name!r} only in the {'model' if name in model else 'checkpoint'}")
+            continue
+        sizes = [(s.vocabulary_size, s.embedding_dim) for s in (saved[name], model[name])]
+        if sizes[0] != sizes[1]:
+            diffs.append(f"table {name!r}: (vocabulary_size, embedding_dim) {sizes[0]} saved, "
+                         f"{sizes[1]} in the model")
         elif saved[name].setting_in_stack != model[name].setting_in_stack:
             diffs.append(f"table {name!r}: saved {saved[name].setting_in_stack}, model "
                          f"{model[name].setting_in_stack}")
+    return diffs
+
+
+def check_same_layout(proto: Any, layer: Any, where: str) -> None:
+    """Raise unless the checkpoint's stacking equals the layer's (same N, stacks, settings)."""
+    diffs = layout_differences(proto, layer, where)
     if diffs:
         raise ValueError(
             f"Checkpoint {where} was stacked for another topology or stacking than the model:\n"
@@ -89,8 +102,13 @@ def _slot(original: Any, new: Mapping[str, Any], stack: str, where: str) -> Any:
             f"model's optimizer {list(fields)}. Give the model the optimizer the checkpoint "
             "was trained with."
         )
-    return type(original)(**{f: jax.device_put(np.asarray(new[f]), getattr(original, f).sharding)
-                             for f in fields})
+    return type(original)(**{f: _like(new[f], getattr(original, f)) for f in fields})
+
+
+def _like(array: Any, original: Any) -> Any:
+    """`array` in `original`'s dtype (as a same-topology restore gives it) and sharding."""
+    return jax.device_put(np.asarray(array).astype(original.dtype, copy=False),
+                          original.sharding)
 
 
 def place_stacks(original: Mapping[str, Any], stacks: Mapping[str, Any], where: str
@@ -112,7 +130,7 @@ def place_stacks(original: Mapping[str, Any], stacks: Mapping[str, Any], where: 
                 "of the model."
             )
         slot = _slot(ev.slot, new.get("slot") or {}, name, where)
-        out[name] = type(ev)(table=jax.device_put(table, ev.table.sharding), slot=slot)
+        out[name] = type(ev)(table=_like(table, ev.table), slot=slot)
     return out
 
 

@@ -28,6 +28,13 @@ def check_batch(plan: StackingPlan, batch: Any, layer: str) -> None:
         )
 
 
+def check_plan(plan: Any, layer: str) -> None:
+    """`plan` is a `StackingPlan` (before the layer reads its stacks)."""
+    if not isinstance(plan, StackingPlan):
+        raise TypeError(f"{layer}: plan must be the StackingPlan that tilecore.plan_stacking "
+                        f"returns, got {type(plan).__name__}.")
+
+
 def check_mesh(plan: StackingPlan, mesh: Mesh | None, axis: str, layer: str) -> None:
     """`axis` is an axis of `mesh` over the plan's devices (`ops`' check, before the
     layer's first use of the mesh)."""

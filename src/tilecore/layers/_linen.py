@@ -44,7 +44,13 @@ from ..ops import DEFAULT_AXIS, activation_probe, embed, init_tables, lookup_gra
 from ..ops._contract import check_step
 from ..preprocessing import PreprocessedBatch, PreprocessStats, preprocess
 from ..stacking import StackingPlan
-from ._checks import check_activation_grads, check_batch, check_mesh, check_variables
+from ._checks import (
+    check_activation_grads,
+    check_batch,
+    check_mesh,
+    check_plan,
+    check_variables,
+)
 
 EMBEDDINGS = "embeddings"
 """Collection of the stacked tables and slots: `{stack: EmbeddingVariables}` per layer."""
@@ -87,6 +93,7 @@ class LinenEmbed(nn.Module):
         return f"LinenEmbed {path!r}"
 
     def setup(self) -> None:
+        check_plan(self.plan, self._where())
         check_mesh(self.plan, self.mesh, self.axis, self._where())
         if not (self.is_initializing() or self.has_variable(EMBEDDINGS, TABLES)):
             raise ValueError(

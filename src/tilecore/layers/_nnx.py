@@ -39,7 +39,13 @@ from jax.sharding import Mesh
 from ..ops import DEFAULT_AXIS, activation_probe, embed, init_tables, lookup_grad
 from ..preprocessing import PreprocessedBatch, PreprocessStats, preprocess
 from ..stacking import StackingPlan
-from ._checks import check_activation_grads, check_batch, check_mesh, check_variables
+from ._checks import (
+    check_activation_grads,
+    check_batch,
+    check_mesh,
+    check_plan,
+    check_variables,
+)
 
 
 class Tables(nnx.Variable):
@@ -67,6 +73,10 @@ class NnxEmbed(nnx.Module):
 
     def __init__(self, plan: StackingPlan, *, rngs: nnx.Rngs, mesh: Mesh | None = None,
                  axis: str = DEFAULT_AXIS, init_on_host: bool = False) -> None:
+        check_plan(plan, "NnxEmbed")
+        if not isinstance(rngs, nnx.Rngs):
+            raise TypeError(f"NnxEmbed: rngs must be an nnx.Rngs (its params() stream seeds the "
+                            f"tables), got {type(rngs).__name__}; pass e.g. nnx.Rngs(0).")
         check_mesh(plan, mesh, axis, "NnxEmbed")
         self.plan = plan
         self.mesh = mesh
@@ -117,6 +127,29 @@ def _probe_grads(grads: Any, path: tuple[Any, ...]) -> Mapping[str, jax.Array]:
     return node.get_value() if isinstance(node, nnx.Variable) else node
 
 
+def _check_wrt(model: nnx.Module, wrt: Any) -> None:
+    """Refuse a `wrt` filter that hands an NnxEmbed's probe or tables to optax.
+
+    optax would move the probe off zero, which shifts every later activation by it
+    without an error, and the tables are updated by the fused sparse update only.
+    """
+    selects = nnx.filterlib.to_predicate(wrt)
+    for path, layer in nnx.iter_modules(model):
+        if not isinstance(layer, NnxEmbed):
+            continue
+        for name in ("probe", "tables"):
+            variable = getattr(layer, name)
+            if selects((*path, name), variable):
+                raise ValueError(
+                    f"EmbedOptimizer: wrt={wrt!r} selects the {type(variable).__name__} "
+                    f"variable {_path_name((*path, name))!r} of the NnxEmbed at "
+                    f"{_path_name(path) or '(root)'!r}; optax would change it (a nonzero probe "
+                    "shifts every activation; tables get the fused sparse update). Keep wrt to "
+                    "dense params, e.g. the default nnx.Param (differentiate with respect to "
+                    "PARAMS_AND_PROBES, but optimize only nnx.Param)."
+                )
+
+
 class EmbedOptimizer(nnx.Optimizer):
     """`nnx.Optimizer` for dense params, plus the sparse update of every `NnxEmbed`.
 
@@ -127,6 +160,7 @@ class EmbedOptimizer(nnx.Optimizer):
 
     def __init__(self, model: nnx.Module, tx: optax.GradientTransformation, *,
                  wrt: Any = nnx.Param) -> None:
+        _check_wrt(model, wrt)
         super().__init__(model, tx, wrt=wrt)
 
     def update(self, model: nnx.Module, grads: Any, /,  # pyright: ignore[reportIncompatibleMethodOverride]

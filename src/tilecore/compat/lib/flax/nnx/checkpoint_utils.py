@@ -34,7 +34,7 @@ import flax.nnx as nnx
 import orbax.checkpoint as ocp
 
 from .....specs._numbers import is_integer
-from ...._checkpoint_convert import convert_items, save_converted
+from ...._checkpoint_convert import check_topology, convert_items, save_converted, stacked_target
 from ...._checkpoint_io import (
     PathLike,
     check_manager,
@@ -48,12 +48,12 @@ from ...._checkpoint_model import (
     abstract_state,
     check_same_layout,
     layer_shards,
+    layout_differences,
     place_stacks,
     restore_with_saved_stacks,
 )
 from ...._checkpoint_model import embedding_layer_name as _find_layer
 from ...nn.embedding import Nested as Nested
-from ...nn.embedding import get_table_specs
 from ...nn.embedding_proto_utils import create_proto_from_feature_specs
 from ...proto.embedding_spec_pb2 import EmbeddingSpecProto
 
@@ -137,6 +137,7 @@ def save_checkpoint(
             f"{num_sc_per_device} does not match how feature_specs were stacked ({err}). Pass "
             "the topology the specs were prepared for."
         ) from None
+    _check_specs_describe_model(model, proto)
     if not is_integer(step) or step < 0:
         raise ValueError(f"save_checkpoint: step must be an integer >= 0, got step={step!r}.")
     latest = cp_manager.latest_step()
@@ -150,6 +151,26 @@ def save_checkpoint(
         optimizer_key: ocp.args.StandardSave(nnx.state(optimizer, nnx.OptState)),
         embedding_spec_key: ocp.args.ProtoSave(proto),
     }))
+
+
+def _check_specs_describe_model(model: nnx.Module, proto: EmbeddingSpecProto) -> None:
+    """The proto `save_checkpoint` writes must describe the tables it saves: specs of
+    other sizes or stacking than the model's layer would write a checkpoint whose spec
+    misreads its arrays (a layer nested deeper than an attribute is not checked)."""
+    if not isinstance(model, nnx.Module):
+        raise TypeError(f"save_checkpoint: model must be an nnx.Module holding a "
+                        f"SparseCoreEmbed, got {type(model).__name__}.")
+    try:
+        name = _find_layer(model)
+    except ValueError:
+        return
+    diffs = layout_differences(proto, getattr(model, name), "the feature specs")
+    if diffs:
+        raise ValueError(
+            f"save_checkpoint: feature_specs do not describe the tables of the model's "
+            f"SparseCoreEmbed {name!r}:\n  - " + "\n  - ".join(diffs) + "\nPass the "
+            "feature specs the layer was built with; nothing was saved."
+        )
 
 
 def restore_checkpoint(
@@ -201,18 +222,22 @@ def restore_cross_topology_checkpoint(
     keys = (model_key, optimizer_key, embedding_spec_key)
     name = _find_layer(model, embedding_layer_name)
     layer = getattr(model, name)
+    num_global_devices, num_sc_per_device = check_topology(
+        num_global_devices, num_sc_per_device, "restore_cross_topology_checkpoint")
     if layer_shards(layer) != (num_global_devices, num_sc_per_device):
         raise ValueError(
             f"The model's embedding layer {name!r} spans {layer_shards(layer)} (devices, "
             f"SparseCores per device), not ({num_global_devices}, {num_sc_per_device}); pass "
             "the model's topology."
         )
+    _, target_tables = stacked_target(target_feature_specs, num_global_devices,
+                                      num_sc_per_device)
     with open_checkpoint(None, cross_topology_checkpoint_restore_path, restore_step, keys,
                          EmbeddingSpecProto) as (manager, step, metadata, proto):
         where = f"{manager.directory}/{step}"
         saved, restored = restore_with_saved_stacks(manager, step, metadata, keys, model,
                                                     optimizer, name, where)
-    stacks = restack(get_table_specs(target_feature_specs), unstack(proto, saved, where),
+    stacks = restack(target_tables, unstack(proto, saved, where),
                      num_global_devices * num_sc_per_device, where)
     embedding = place_stacks(layer.embedding_table.get_value(), stacks, where)
     # Nothing of the model changes until every table has been re-laid without error.
