@@ -410,3 +410,55 @@ def test_reference_decides_the_sixth_hunt_cases(tmp_path: pathlib.Path) -> None:
 def assert_equal(want: np.ndarray, variables: Any) -> None:
     (stack,) = variables.values()
     np.testing.assert_array_equal(np.asarray(stack.table), want)
+
+
+@pytest.fixture(scope="module")
+def pipelining_case() -> Any:
+    import test_compat_auto_pipelining as ap_tests
+
+    return ap_tests.make_case("sgd", steps=1)
+
+
+@pytest.mark.parametrize(("change", "named"), [
+    (lambda c: c._replace(steps=c.steps.astype(jax.numpy.float32)), r"carry\.steps: int32\[\] in, "
+                                                             r"float32\[\] out"),
+    (lambda c: c._replace(w=jax.numpy.concatenate([c.w, c.w])), r"carry\.w: float32\[12\] in, "
+                                                         r"float32\[24\] out")])
+def test_auto_pipelining_names_a_carry_whose_shape_or_dtype_changes(
+        pipelining_case: Any, change: Any, named: str) -> None:
+    """A dtype change was blamed on "the embedding updates handed on from the previous
+    step"; a shape change failed a step later in the dense part (dot_general)."""
+    import test_compat_auto_pipelining as ap_tests
+
+    step = ap_tests.make_step(pipelining_case)
+
+    def train_step(carry: Any, sparse: Any, labels: Any) -> Any:
+        new, loss = step(carry, sparse, labels)
+        return change(new), loss
+
+    with pytest.raises(ValueError, match=r"must keep the carry's shapes and dtypes .* changed: "
+                                         + named):
+        ap_tests.first_call(pipelining_case, train_step)
+
+
+def test_auto_pipelining_static_argnums_as_jax_reads_them(pipelining_case: Any) -> None:
+    """None and a NumPy integer (accepted by the reference's jax.make_jaxpr) raised
+    "'NoneType' object is not iterable"; a float the same raw TypeError."""
+    import test_compat_auto_pipelining as ap_tests
+    from tilecore.compat.lib.auto_pipelining import auto_pipelining as ap
+
+    step = ap_tests.make_step(pipelining_case)
+
+    def flagged(carry: Any, sparse: Any, labels: Any, double: bool) -> Any:
+        carry, loss = step(carry, sparse, labels)
+        return carry, loss * 2 if double else loss
+
+    state, _ = ap_tests.first_call(pipelining_case, step, static_argnums=None)
+    assert state.args_1 is not None
+    state, _ = ap_tests.first_call(pipelining_case, flagged, True, static_argnums=np.int64(3))
+    assert state.args_1[-1] == ap._ap.Static(True)
+    with pytest.raises(TypeError, match=r"static_argnums must be an integer or a sequence of "
+                                        r"integers .* got float 2\.0"):
+        ap.auto_pipelining(step, out_shardings=None, static_argnums=2.0)  # pyright: ignore[reportArgumentType]
+    with pytest.raises(TypeError, match=r"fn must be the train step \(a callable\), got int"):
+        ap.auto_pipelining(3, out_shardings=None)  # pyright: ignore[reportArgumentType]

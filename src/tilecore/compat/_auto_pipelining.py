@@ -10,6 +10,7 @@ from typing import Any
 import jax
 import jax.extend as jex
 
+from ..specs._numbers import is_integer
 from ._auto_pipelining_hook import marking
 from .lib.auto_pipelining import decompose
 
@@ -31,16 +32,32 @@ def name_of(fn: Callable[..., Any]) -> str:
 
 
 def check_static_argnums(fn: Callable[..., Any], static_argnums: Any) -> tuple[int, ...]:
-    """`static_argnums` as a tuple of positions ≥ 1 of `fn`'s arguments (0 is the carry)."""
-    nums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
-    bad = [n for n in nums if not isinstance(n, int) or isinstance(n, bool) or n < 1]
+    """`static_argnums` as a tuple of positions ≥ 1 of `fn`'s arguments (0 is the carry).
+
+    As `jax.make_jaxpr` (the reference's tracer) reads it: None is none, one integer
+    (NumPy's too) is one position; a float or other non-iterable is a TypeError.
+    """
+    if not callable(fn):
+        raise TypeError(f"auto_pipelining: fn must be the train step (a callable), got "
+                        f"{type(fn).__name__} {fn!r:.60}.")
+    if static_argnums is None:
+        return ()
+    if is_integer(static_argnums):
+        static_argnums = (static_argnums,)
+    try:
+        nums = tuple(static_argnums)
+    except TypeError:
+        raise TypeError(f"auto_pipelining({name_of(fn)}): static_argnums must be an integer or "
+                        f"a sequence of integers (positions ≥ 1), got "
+                        f"{type(static_argnums).__name__} {static_argnums!r}.") from None
+    bad = [n for n in nums if not is_integer(n) or n < 1]
     if bad:
         raise ValueError(
             f"auto_pipelining({name_of(fn)}): static_argnums={static_argnums!r} holds {bad}; "
             "give positions ≥ 1 of the step's arguments (position 0 is the carry, which is "
             "never static)."
         )
-    return nums
+    return tuple(int(n) for n in nums)
 
 
 def check_call(fn: Callable[..., Any], static_argnums: tuple[int, ...], carry: Any,
@@ -111,6 +128,22 @@ def trace(fn: Callable[..., Any], static_argnums: tuple[int, ...], carry: Any,
         ) from err
 
 
+def _check_carry_kept(what: str, carry: Any, new: Any) -> None:
+    """The step's new carry has the carry's shapes and dtypes: the next step (traced for
+    the pipeline's state) gets it, so a change failed a step later, obscurely."""
+    changed = [
+        f"carry{jax.tree_util.keystr(path)}: {jax.numpy.result_type(a).name}"
+        f"{list(jax.numpy.shape(a))} in, {b.dtype.name}{list(b.shape)} out"
+        for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(carry)[0],
+                                jax.tree.leaves(new), strict=True)
+        if (jax.numpy.shape(a), jax.numpy.result_type(a)) != (tuple(b.shape), b.dtype)]
+    if changed:
+        raise ValueError(f"{what}: the step's first result must keep the carry's shapes and "
+                         f"dtypes (it is the next step's carry); changed: "
+                         + "; ".join(changed[:6]) + (" …" if len(changed) > 6 else "")
+                         + ". Cast or reshape the new values to the carry's.")
+
+
 def build_runner(fn: Callable[..., Any], static_argnums: tuple[int, ...], carry: Any,
                  args: Sequence[Any]) -> decompose.FunctionRunner:
     """Trace `fn(carry, *args)` and split it into lookup, dense and update parts."""
@@ -125,4 +158,5 @@ def build_runner(fn: Callable[..., Any], static_argnums: tuple[int, ...], carry:
     if jax.tree.structure(carry) != jax.tree.structure(shape[0]):
         raise ValueError(f"{what}: the step's first result must have the carry's structure "
                          f"{jax.tree.structure(carry)}; got {jax.tree.structure(shape[0])}.")
+    _check_carry_kept(what, carry, shape[0])
     return decompose.decompose(closed, jax.tree.structure(shape), jax.tree.structure(carry))
