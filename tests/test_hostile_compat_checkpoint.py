@@ -92,3 +92,15 @@ def test_convert_target_topology_of_numpy_ints_or_not_a_topology(saved: Path,
         input_checkpoint_path=saved, output_checkpoint_path=tmp_path / "c",
         target_topology=cu.TargetTopology(np.int64(2), np.int64(4)))  # pyright: ignore[reportArgumentType]
     assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["2"]
+
+
+def test_an_unstacked_conversion_is_not_called_damaged(saved: Path, tmp_path: Path) -> None:
+    """Reading the output of a conversion without target_topology said "The checkpoint is
+    damaged; write it again" (it holds per-table arrays, by design)."""
+    cu.convert_cross_topology_checkpoint(input_checkpoint_path=saved,
+                                         output_checkpoint_path=tmp_path / "flat")
+    with pytest.raises(ValueError, match=r"holds one unstacked \[vocab, dim\] array per table "
+                                         r"\(\['t1', 't2', 't3'\]\).*with a target_topology"):
+        cu.convert_cross_topology_checkpoint(input_checkpoint_path=tmp_path / "flat",
+                                             output_checkpoint_path=tmp_path / "again",
+                                             target_topology=cu.TargetTopology(2, 4))

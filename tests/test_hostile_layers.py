@@ -111,3 +111,14 @@ def test_nnx_embed_without_rngs_is_named() -> None:
     """It was AttributeError: 'NoneType' object has no attribute 'params'."""
     with pytest.raises(TypeError, match=r"NnxEmbed: rngs must be an nnx.Rngs .* got NoneType"):
         layers.NnxEmbed(plan_of(), rngs=None)  # pyright: ignore[reportArgumentType]
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.bool_])
+def test_integer_activation_gradients_are_named(dtype: type) -> None:
+    """They were cast and applied without a word."""
+    plan = plan_of()
+    model = layers.NnxEmbed(plan, rngs=nnx.Rngs(0))
+    with pytest.raises(TypeError, match=rf"NnxEmbed: the activation gradient of feature 'f' is "
+                                        rf"{np.dtype(dtype).name}; gradients are floating"):
+        model.update(batch_of(plan), {"f": np.ones((16, 8), dtype)})
+    model.update(batch_of(plan), {"f": np.ones((16, 8), jax.numpy.bfloat16)})

@@ -56,6 +56,13 @@ def unstack(proto: Any, stacks: Mapping[str, Tree], source: str) -> dict[str, Tr
     specs, n = proto_tables(proto, source)
     want = {s.stack_name: (s.stack_vocab_size, s.stack_embedding_dim)
             for s in proto.stacked_table_specs}
+    if set(stacks) != set(want) and set(stacks) == set(specs):
+        raise ValueError(
+            f"{source} holds one unstacked [vocab, dim] array per table ({sorted(stacks)}), "
+            "as convert_cross_topology_checkpoint writes without a target_topology; its "
+            f"embedding spec describes stacks {sorted(want)}, which it cannot be read or "
+            "re-laid as. Convert the original checkpoint with a target_topology instead."
+        )
     if set(stacks) != set(want):
         raise ValueError(
             f"The embedding tables of {source} do not match its embedding spec: stacks "

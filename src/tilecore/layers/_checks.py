@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh
 
 from ..ops._contract import check_mesh as ops_check_mesh
@@ -71,7 +73,8 @@ def check_variables(plan: StackingPlan, variables: Mapping[str, Any], layer: str
 
 
 def check_activation_grads(plan: StackingPlan, grads: Any, layer: str) -> None:
-    """`grads` maps exactly `plan`'s features to arrays shaped like their activations."""
+    """`grads` maps exactly `plan`'s features to floating arrays shaped like their
+    activations (integer or bool gradients were cast and applied without a word)."""
     check_names(layer, "the activation gradients", grads, plan.features,
                 "Pass the gradients of this layer's activations (its probe): feature name → "
                 "[batch, dim] array.")
@@ -82,4 +85,11 @@ def check_activation_grads(plan: StackingPlan, grads: Any, layer: str) -> None:
             raise ValueError(
                 f"{layer}: the activation gradient of feature {name!r} has shape {shape}; "
                 f"expected {want} (its activations' global [batch, embedding_dim])."
+            )
+        dtype = np.dtype(getattr(grads[name], "dtype", np.float32))
+        if not jnp.issubdtype(dtype, jnp.floating):  # NumPy's test refuses bfloat16
+            raise TypeError(
+                f"{layer}: the activation gradient of feature {name!r} is {dtype.name}; "
+                "gradients are floating arrays (take them from jax.grad of the loss with "
+                "respect to the probe, without casting)."
             )
