@@ -104,3 +104,17 @@ def test_an_unstacked_conversion_is_not_called_damaged(saved: Path, tmp_path: Pa
         cu.convert_cross_topology_checkpoint(input_checkpoint_path=tmp_path / "flat",
                                              output_checkpoint_path=tmp_path / "again",
                                              target_topology=cu.TargetTopology(2, 4))
+
+
+@pytest.mark.parametrize("kind", ["v6e", "GPU"])
+def test_converter_refuses_an_unknown_target_device_kind(saved: Path, tmp_path: Path,
+                                                         kind: str) -> None:
+    """A kind not starting with "TPU" got tilecore's default of 4 SparseCores silently (the
+    reference raises ValueError: Unknown sparsecore count for device kind)."""
+    from tilecore.compat.lib.flax.nnx import offline_converter
+
+    with pytest.raises(ValueError, match=rf"Unknown sparsecore count for device kind: '{kind}'"):
+        offline_converter.main(["prog", f"--input_checkpoint={saved}",
+                                f"--output_checkpoint={tmp_path / 'out'}",
+                                "--target_num_devices=2", f"--target_device_kind={kind}"])
+    assert not (tmp_path / "out").exists()

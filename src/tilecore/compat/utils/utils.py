@@ -78,7 +78,8 @@ def num_sparsecores_per_device(device: DeviceLike | None = None) -> int:
       device: the device to ask (None: `jax.devices()[0]`).
 
     Raises:
-      ValueError: the device has no `device_kind`, or is a TPU of an unknown kind.
+      ValueError: the device has no `device_kind`, or is a TPU (by kind or platform) of an
+        unknown kind (the offline converter's `--target_device_kind=v6e` got 4 silently).
     """
     target = device or jax.devices()[0]
     if not hasattr(target, "device_kind"):
@@ -86,7 +87,8 @@ def num_sparsecores_per_device(device: DeviceLike | None = None) -> int:
     kind = target.device_kind
     if kind in NUM_SC_PER_DEVICE_MAP:
         return NUM_SC_PER_DEVICE_MAP[kind]
-    if not isinstance(kind, str) or _is_tpu_kind(kind):
+    if (not isinstance(kind, str) or _is_tpu_kind(kind)
+            or getattr(target, "platform", None) == "tpu"):  # e.g. the converter's FakeDevice
         raise ValueError(
             f"Unknown sparsecore count for device kind: {kind!r}. Known device kinds: "
             f"{list(NUM_SC_PER_DEVICE_MAP)}; pass num_sc_per_device explicitly."
