@@ -462,3 +462,34 @@ def test_auto_pipelining_static_argnums_as_jax_reads_them(pipelining_case: Any) 
         ap.auto_pipelining(step, out_shardings=None, static_argnums=2.0)  # pyright: ignore[reportArgumentType]
     with pytest.raises(TypeError, match=r"fn must be the train step \(a callable\), got int"):
         ap.auto_pipelining(3, out_shardings=None)  # pyright: ignore[reportArgumentType]
+
+
+def test_partitioned_optimizer_refuses_embedding_variables_of_another_model() -> None:
+    """The "gradients" (updated tables) of another model, or with a stack missing, were
+    copied into the model by nnx.update without a word: its tables took their shapes."""
+    import flax.nnx as nnx
+    import optax
+
+    import test_compat_flax as flax_tests
+    from tilecore.compat.lib.flax.nnx import embed as nnx_embed
+
+    model = flax_tests.NnxModel(flax_tests.feature_specs(), nnx.Rngs(0))
+    optimizer = nnx_embed.PartitionedOptimizer(model, optax.sgd(0.1))
+    ids, labels = flax_tests.examples(1)[0]
+    inputs = model.embed.preprocess_inputs(0, ids, None)
+    grads = nnx.grad(lambda m: flax_tests.bce(m(inputs), labels))(model)
+    variable = grads["embed"]["embedding_table"]
+    updated = variable.get_value()
+    variable.set_value({k: type(v)(table=v.table[:8], slot=v.slot) for k, v in updated.items()})
+    with pytest.raises(ValueError, match=r"variables at 'embed/embedding_table' do not fit the "
+                                         r"model's \(\['item'\]\.table: given \(8, 8\), model "
+                                         r"\(96, 8\)"):
+        optimizer.update(model, grads)
+    variable.set_value({"item": updated["item"]})
+    with pytest.raises(ValueError, match=r"\['user'\]\.slot\.accumulator: given none, model "
+                                         r"\(64, 8\)"):
+        optimizer.update(model, grads)
+    assert {k: v.table.shape for k, v in model.embed.embedding_table.get_value().items()} == {
+        "item": (96, 8), "user": (64, 8)}
+    variable.set_value(updated)
+    optimizer.update(model, grads)  # this model's own update

@@ -154,6 +154,37 @@ def embedding_lookup_bwd(res: tuple[Any, Any, Any], g: Any) -> tuple[Any, Any, A
 embedding_lookup.defvjp(_embedding_lookup_fwd, embedding_lookup_bwd)
 
 
+def _value(variable: Any) -> Any:
+    return variable.get_value() if hasattr(variable, "get_value") else variable
+
+
+def _check_updated_variables(model: nnx.Module, updated: nnx.State) -> None:
+    """Each embedding variable in the "gradients" has the stacks and shapes of the model's
+    at the same path: `nnx.update` copied any tree in, replacing the model's tables with
+    another model's (other stacks or shapes) without a word. A model variable absent
+    from the gradients is left as it is, as in the reference."""
+    have = dict(nnx.to_flat_state(nnx.state(model, EmbeddingVariablesParam)))
+    for path, variable in nnx.to_flat_state(updated):
+        name = "/".join(map(str, path))
+        if path not in have:
+            raise ValueError(f"PartitionedOptimizer.update: the gradients hold embedding "
+                             f"variables at {name!r}, which the model does not have; pass the "
+                             "gradients of this model.")
+        new, old = _value(variable), _value(have[path])
+        shapes = [{k: tuple(getattr(v, "shape", ())) for k, v in
+                   jax.tree_util.tree_flatten_with_path(tree)[0]} for tree in (new, old)]
+        if jax.tree.structure(new) != jax.tree.structure(old) or shapes[0] != shapes[1]:
+            diffs = [f"{jax.tree_util.keystr(k)}: given {shapes[0].get(k, 'none')}, model "
+                     f"{shapes[1].get(k, 'none')}"
+                     for k in sorted(set(shapes[0]) | set(shapes[1]), key=str)
+                     if shapes[0].get(k) != shapes[1].get(k)]
+            raise ValueError(
+                f"PartitionedOptimizer.update: the updated embedding variables at {name!r} do "
+                "not fit the model's (" + ("; ".join(diffs[:4]) or "another tree structure")
+                + "); pass the gradients of this model, computed with its feature specs."
+            )
+
+
 class PartitionedOptimizer(nnx.Optimizer):
     """optax for the dense parameters; the embedding "gradients" copied into the model."""
 
@@ -163,5 +194,7 @@ class PartitionedOptimizer(nnx.Optimizer):
 
     def update(self, model: nnx.Module, grads: Any, /, **kwargs: Any) -> optax.Updates:
         """Copy the updated embedding variables into `model`, then update the rest."""
-        nnx.update(model, nnx.state(grads, EmbeddingVariablesParam))
+        updated = nnx.state(grads, EmbeddingVariablesParam)
+        _check_updated_variables(model, updated)
+        nnx.update(model, updated)
         return super().update(model, grads, **kwargs)
