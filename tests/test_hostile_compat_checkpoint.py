@@ -94,6 +94,23 @@ def test_convert_target_topology_of_numpy_ints_or_not_a_topology(saved: Path,
     assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["2"]
 
 
+def test_convert_for_more_partitions_than_memory_holds_is_refused(
+        saved: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A target of 2**21 devices pads every table to 2**24 rows, GiBs of arrays: numpy's
+    allocation failed midway (a bare MemoryError), or with overcommit the OOM killer ended
+    the process. Refused before anything is allocated (this host's memory taken as 1 GiB,
+    so that the case is the same on every machine)."""
+    from tilecore.compat import _checkpoint_layout
+
+    monkeypatch.setattr(_checkpoint_layout, "host_memory_bytes", lambda: 2**30)
+    with pytest.raises(MemoryError, match=r"for 8388608 partitions needs [\d,.]+ GiB of tables "
+                                          r"and slots, more than this host's memory and swap "
+                                          r"\(1\.0 GiB\); the largest stacks: 't1_t2'"):
+        cu.convert_cross_topology_checkpoint(input_checkpoint_path=saved,
+                                             output_checkpoint_path=tmp_path / "huge",
+                                             target_topology=cu.TargetTopology(2**21, 4))
+
+
 def test_an_unstacked_conversion_is_not_called_damaged(saved: Path, tmp_path: Path) -> None:
     """Reading the output of a conversion without target_topology said "The checkpoint is
     damaged; write it again" (it holds per-table arrays, by design)."""

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from .._host import host_memory_bytes
 from ._arrays import stack_and_shard_tables, unshard_and_unstack_tables
 from ._proto_tables import layout_specs, stacks_of
 from ._pytree import leaves_with_paths
@@ -121,8 +122,32 @@ def restack(table_specs: Mapping[str, TableSpec], tables: Mapping[str, Tree], nu
     members: dict[str, list[TableSpec]] = {}
     for spec in table_specs.values():
         members.setdefault(spec.stacked_table_spec.stack_name, []).append(spec)
+    _check_fits(members, tables, num_shards, source)
     return {stack: _restack_one(specs, tables, num_shards, source, slot_fill)
             for stack, specs in members.items()}
+
+
+def _check_fits(members: Mapping[str, list[TableSpec]], tables: Mapping[str, Tree],
+                num_shards: int, source: str) -> None:
+    """The restacked arrays (each stack's table and slots, `[stack_vocab, stack_dim]`) fit
+    this host's memory and swap: a target of absurd device counts pads every table to
+    `8·N` rows, and numpy's allocation failed mid-conversion (or the OOM killer ended it)."""
+    sizes = {}
+    for stack, specs in members.items():
+        rows = specs[0].stacked_table_spec
+        leaves = leaves_with_paths(tables[specs[0].name])
+        sizes[stack] = sum(rows.stack_vocab_size * rows.stack_embedding_dim
+                           * np.dtype(getattr(leaf, "dtype", np.float32)).itemsize
+                           for _, leaf in leaves)
+    limit, need = host_memory_bytes(), sum(sizes.values())
+    if limit is None or need <= limit:
+        return
+    largest = ", ".join(f"{name!r} {size / 2**30:,.1f} GiB" for name, size in
+                        sorted(sizes.items(), key=lambda kv: -kv[1])[:3])
+    raise MemoryError(
+        f"Converting {source} for {num_shards} partitions needs {need / 2**30:,.1f} GiB of "
+        f"tables and slots, more than this host's memory and swap ({limit / 2**30:,.1f} GiB); "
+        f"the largest stacks: {largest}. Check the target topology.")
 
 
 def _restack_one(specs: list[TableSpec], tables: Mapping[str, Tree], num_shards: int,
