@@ -333,3 +333,20 @@ def test_a_rule_of_more_slots_than_a_kernel_call_can_pass_runs_in_jax(kernels: s
     np.testing.assert_allclose(rows, before - 0.5, rtol=1e-6)
     for k, slot in enumerate(after.slots):
         np.testing.assert_array_equal(ops.unshard(plan, {"t": slot})["t"][:16], k + 1.0)
+
+
+def test_a_rule_of_more_hyperparameters_than_a_kernel_call_can_pass_runs_in_jax(
+        kernels: str) -> None:
+    """The scalar rule's call passes the gradient, the row, the slots and every
+    hyperparameter: 30 extra ones make 33 arguments, past what numba compiles."""
+    def rule(grad: Any, row: Any, lr: Any, *extra: Any) -> tuple[Any]:
+        return (row - lr * grad * sum(extra),)
+
+    spec = tc.CustomOptimizer(update_fn=rule, learning_rate=0.5,
+                              extra_hyperparameters=(0.1,) * 30)
+    assert fused_kernels(spec, np.float32, 8) is None
+    plan, batch, variables = _one_table(spec, 64, 8, np.arange(16).reshape(16, 1))
+    after = ops.lookup_grad(plan, batch, variables, {"f": jnp.ones((16, 8))}, 0)["t"]
+    change = (ops.unshard(plan, {"t": variables["t"].table})["t"][:16]
+              - ops.unshard(plan, {"t": after.table})["t"][:16])
+    np.testing.assert_allclose(change, 0.5 * 3.0, rtol=1e-5)
