@@ -284,14 +284,15 @@ def _lookup_buffers(layout, which, row_pointers, embedding_ids, sample_ids, gain
         bounds = run_bounds(layout, np.array([minibatch, passes], np.int32), row_pointers,
                             embedding_ids.shape[0])
         for s in range(bounds.shape[0]):
-            # The slice of the last entry, and where its rows go: the next entry's too
-            # while its sample is in that slice's range (runs of one table's rows, one
-            # feature's samples).
-            low, high, address, block, stride, width = 0, 0, 0, 0, 0, 0
             mine_low = min(max(first - s * samples, 0), samples)
             mine_high = min(max(stop - s * samples, 0), samples)
             if mine_low == mine_high:
                 continue
+            # The samples [low, low + span) of the last entry's slice that this part owns,
+            # and where their rows go: the next entry's too while its sample is among them
+            # and its row in the shard (runs of one table's rows, one feature's samples),
+            # which one unsigned comparison each tells; any other entry takes the checks.
+            low, span, address, stride, width = 0, 0, 0, 0, 0
             for p in range(bounds.shape[1]):
                 base = p * rows_per_shard
                 end = bounds[s, p, 1]
@@ -301,22 +302,24 @@ def _lookup_buffers(layout, which, row_pointers, embedding_ids, sample_ids, gain
                         if mine_low <= ahead < mine_high:
                             prefetch_row(table, base + embedding_ids[j + PREFETCH_DISTANCE])
                     sample = sample_ids[j]
-                    if sample < mine_low or sample >= mine_high or not entry_in_range(
-                            embedding_ids[j], sample, rows_per_shard, samples):
-                        continue
-                    if sample < low or sample >= high:
+                    row = embedding_ids[j]
+                    if (np.uint32(sample - low) >= np.uint32(span)
+                            or np.uint32(row) >= np.uint32(rows_per_shard)):
+                        if sample < mine_low or sample >= mine_high or not entry_in_range(
+                                row, sample, rows_per_shard, samples):
+                            continue
                         k = owner[sample]
                         if k < 0:
                             continue
                         if not zeroed[k, s]:
                             _zero_slice(layout, slices, outputs, k, s, first, stop)
                             zeroed[k, s] = True
-                        low, high = slices[k, 0], slices[k, 0] + slices[k, 1]
-                        address, block, stride, width = where[k, 0], where[k, 1], where[k, 2], \
-                            where[k, 3]
-                    add_scaled_from(address + s * block + sample * stride,
-                                    row_address(table, base + embedding_ids[j]), gains[j],
-                                    width, source_format)
+                        low = max(slices[k, 0], mine_low)
+                        span = min(slices[k, 0] + slices[k, 1], mine_high) - low
+                        address = where[k, 0] + s * where[k, 1]
+                        stride, width = where[k, 2], where[k, 3]
+                    add_scaled_from(address + sample * stride, row_address(table, base + row),
+                                    gains[j], width, source_format)
     _zero_untouched(layout, slices, outputs, zeroed, first, stop)
     return 0
 
