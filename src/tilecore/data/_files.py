@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..preprocessing import Ragged
+from ..preprocessing._inputs import check_splits
 
 _PARTS = ("values", "row_splits", "weights")
 CLICK_ARRAYS = ("dense", "labels")
@@ -143,19 +144,15 @@ def ragged_from_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> dict[str, R
 
 def _check_rows(path: Path, feature: str, values: np.ndarray, splits: np.ndarray,
                 weights: np.ndarray | None) -> None:
-    """A feature's arrays make rows: 1-D values, and row_splits that rise from 0 to the
-    number of values (weights, if any, one per value). Named here, by file, rather than by
+    """A feature's arrays make rows: 1-D values, row splits as preprocessing holds them
+    (`check_splits`), weights (if any) one per value. Named here, by file, rather than by
     preprocessing later, by feature alone."""
-    if values.ndim != 1 or splits.ndim != 1 or len(splits) == 0:
-        raise ValueError(f"{path}: {feature}/values {values.shape} and {feature}/row_splits "
-                         f"{splits.shape} must be 1-D, row_splits of at least one entry.")
-    falls = np.flatnonzero(np.diff(splits) < 0)
-    if splits[0] != 0 or splits[-1] != len(values) or len(falls):
-        where = (f"falls at row {int(falls[0])} ({int(splits[falls[0]])} → "
-                 f"{int(splits[falls[0] + 1])})" if len(falls) else
-                 f"runs from {int(splits[0])} to {int(splits[-1])}")
-        raise ValueError(f"{path}: {feature}/row_splits must rise from 0 to the {len(values)} "
-                         f"values; it {where}.")
+    if values.ndim != 1:
+        raise ValueError(f"{path}: {feature}/values {values.shape} must be 1-D.")
+    try:
+        check_splits(feature, splits, len(values))
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from None
     if weights is not None and weights.shape != values.shape:
         raise ValueError(f"{path}: {feature}/weights {weights.shape} must hold one weight per "
                          f"value, {values.shape}.")

@@ -88,7 +88,7 @@ def _weights(feature: str, weights: Any, shape: tuple[int, ...], where: str) -> 
     return np.ascontiguousarray(weights, dtype=np.float32)
 
 
-def _check_splits(feature: str, splits: np.ndarray, num_values: int) -> tuple[np.ndarray, int]:
+def check_splits(feature: str, splits: np.ndarray, num_values: int) -> tuple[np.ndarray, int]:
     """Validated int64 row splits, and the IDs per row if all rows have as many (else -1)."""
     splits = np.asarray(splits)
     if splits.dtype.kind not in "iu":
@@ -209,7 +209,7 @@ def to_csr(feature: FeatureSpec, value: Any, weights: Any, *, num_threads: int =
         # unweighted path is faster.
         csr = Csr(csr.values, csr.splits, None, csr.width)
     if csr.width < 0:
-        splits, width = _check_splits(feature.name, csr.splits, len(csr.values))
+        splits, width = check_splits(feature.name, csr.splits, len(csr.values))
         csr = Csr(csr.values, splits, csr.weights, width)
     return csr
 
