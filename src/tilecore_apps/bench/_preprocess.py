@@ -117,6 +117,21 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError(f"bench preprocess: --threads must be >= 1, got {args.threads}.")
 
 
+def _preprocess_call(plan: tc.StackingPlan, inputs: list[Inputs], args: argparse.Namespace,
+                     num_minibatches: list[int]) -> Callable[[int], tc.PreprocessedBatch]:
+    """The timed call: `preprocess` of batch `i` (cycling), each one's minibatch count
+    appended to `num_minibatches`; a dropped ID (impossible once calibrated on these
+    batches, unless `--minibatching forced`) raises."""
+    def call(i: int) -> tc.PreprocessedBatch:
+        out, stats = tc.preprocess(plan, *inputs[i % len(inputs)], num_threads=args.threads)
+        num_minibatches.append(out.num_minibatches)
+        if stats.dropped_ids and args.minibatching != "forced":
+            raise RuntimeError(f"bench dropped {stats.dropped_ids} IDs after calibration.")
+        return out
+
+    return call
+
+
 def _time_calls(call: Callable[[int], tc.PreprocessedBatch], ids: list[int], warmup: int,
                 repeats: int) -> tuple[list[float], list[float], int]:
     """Seconds and IDs/s of each of `repeats` calls after `warmup` untimed ones, and the
@@ -153,15 +168,7 @@ def run(args: argparse.Namespace) -> int:
     plan, _ = calibrate(plan, batches, num_threads=args.threads)
     plan = _with_minibatching(plan, args.minibatching)
     num_minibatches: list[int] = []
-
-    def call(i: int) -> tc.PreprocessedBatch:
-        out, stats = tc.preprocess(plan, *inputs[i % len(inputs)], num_threads=args.threads)
-        num_minibatches.append(out.num_minibatches)
-        if stats.dropped_ids and args.minibatching != "forced":
-            # cannot happen: calibrated on these batches, dropping off
-            raise RuntimeError(f"bench dropped {stats.dropped_ids} IDs after calibration.")
-        return out
-
+    call = _preprocess_call(plan, inputs, args, num_minibatches)
     seconds, rates, output_bytes = _time_calls(call, ids, args.warmup, args.repeats)
     peak_extra = probe.extra_bytes()
 
