@@ -97,6 +97,19 @@ def test_or_over_processes_and_bounded_keys(count: int) -> None:
     assert len(store.data) <= 2 * count  # only the last calls' keys remain
 
 
+def test_a_new_store_never_inherits_a_freed_stores_agreement_count() -> None:
+    """Agreements are numbered per store: a store made at a freed store's address (as
+    CPython reuses them) starts afresh. Numbered by `id(store)`, two processes of a
+    4-process job continued a freed 2-process store's count and all four timed out
+    (seen in CI: processes [0, 1] and [2, 3] each waited for the other pair)."""
+    def one_job(count: int) -> list[Any]:
+        return run_processes(count, lambda p, s: agreement(p, s, count, timeout_s=5.0)
+                             .all_reduce_or(0, "required", 1 << p), MemoryStore())
+
+    for count in [2, 4] * 4:  # without the fix, a 4-process job here soon times out
+        assert one_job(count) == [(1 << count) - 1] * count
+
+
 def test_single_process_needs_no_store() -> None:
     a = DistributedAgreement(OPS_CASE.plan(1))
     assert a.process_count == 1

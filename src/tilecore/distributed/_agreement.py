@@ -15,8 +15,11 @@ from ._exchange import Exchange, KeyValueStore, jax_store
 from ._fingerprint import digest, leaf_differences, plan_items
 
 _MAX_VALUE = 1 << 64
-_instances: defaultdict[tuple[int, str, int], itertools.count] = defaultdict(itertools.count)
-"""(store, name, process) → agreements made so far: numbers each agreement's keys."""
+_instances: defaultdict[tuple[KeyValueStore, str, int], itertools.count] = defaultdict(
+    itertools.count)
+"""(store, name, process) → agreements made so far: numbers each agreement's keys. Keyed by
+the store object itself (identity hash, held alive): a key by `id(store)` let a new store at
+a freed store's address inherit its counts, so processes of one job disagreed on the keys."""
 
 
 class DistributedAgreement:
@@ -69,7 +72,7 @@ class DistributedAgreement:
                 raise RuntimeError(
                     f"DistributedAgreement: {process_count} processes but JAX's distributed "
                     "runtime is not initialized. Call jax.distributed.initialize(...) first.")
-            instance = next(_instances[id(store), name, process_id])
+            instance = next(_instances[store, name, process_id])
             namespace = f"tilecore/agreement/{name}/{instance}"
             self._exchange = Exchange(store, namespace, process_id, process_count, timeout_s,
                                       f"DistributedAgreement {name!r}")
