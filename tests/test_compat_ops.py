@@ -293,7 +293,7 @@ def test_steps_limits_and_statistics_are_checked_like_the_native_ones() -> None:
     grad = functools.partial(embedding.tpu_sparse_dense_matmul_grad, loss_grads(acts), inputs,
                              variables, specs, global_device_count=1, num_sc_per_device=2)
     for step, message in ((3.7, "step must be an integer scalar"),
-                          (2**40, r"step must be in \[0, 2\*\*31\)"), (-5, "step must be in")):
+                          (2**40, r"step must be in \[0, 2\*\*31 - 1\)"), (-5, "step must be in")):
         with pytest.raises(ValueError, match=message):
             grad(step=step)
     stack = next(iter(embedding.get_stacked_table_specs(specs)))

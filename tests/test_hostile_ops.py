@@ -162,14 +162,49 @@ def test_variables_of_another_optimizer(kernels: str) -> None:
         ops.lookup_grad(PLAN, batch, bare, grads_for(acts))
 
 
-@pytest.mark.parametrize("step", [-1, 2**31, 1.5, np.array([1, 2])])
+@pytest.mark.parametrize("step", [-1, 2**31 - 1, 2**31, 1.5, np.array([1, 2])])
 def test_steps_outside_the_int32_count_are_refused(step: Any) -> None:
-    """A negative step made Adam's bias correction non-finite; past 2**31 it would wrap."""
+    """A negative step made Adam's bias correction non-finite; past 2**31 it would wrap, and
+    at 2**31 - 1 Adam's and LaProp's 1-based count `step + 1` wrapped (NaN rows)."""
     batch = make_batch(PLAN)
     variables = ops.init_tables(PLAN, jax.random.key(0))
     acts = ops.lookup(PLAN, batch, variables)
     with pytest.raises(ValueError, match=r"step must be"):
         ops.lookup_grad(PLAN, batch, variables, grads_for(acts), step=step)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "int32"])
+def test_slots_of_another_dtype_are_refused(dtype: str, kernels: str) -> None:
+    """A non-float32 accumulator was taken on XLA's path (its values rounded) and reached
+    the CPU kernels as an FFI operand error naming neither stack nor slot."""
+    batch = make_batch(PLAN)
+    variables = ops.init_tables(PLAN, jax.random.key(0))
+    acts = ops.lookup(PLAN, batch, variables)
+    table, (accumulator,) = variables["items"].table, variables["items"].slots
+    wrong = {"items": ops.EmbeddingVariables(table, (accumulator.astype(dtype),))}
+    with pytest.raises(ValueError, match=rf"Stack 'items': slot 0 \('accumulator'\) is {dtype} "
+                                         "but optimizer slots are float32"):
+        ops.lookup_grad(PLAN, batch, wrong, grads_for(acts))
+
+
+def test_arrays_of_the_other_byte_order_give_the_native_results(kernels: str) -> None:
+    """A big-endian numpy table or gradient, after a first call with native ones, was read
+    by jit's cached dispatch as native bytes: garbage activations, a lost update."""
+    batch = make_batch(PLAN)
+    variables = ops.init_tables(PLAN, jax.random.key(0))
+    table = np.asarray(variables["items"].table)
+    swapped = table.astype(table.dtype.newbyteorder(">" if table.dtype.isnative else "<"))
+    native = ops.lookup(PLAN, batch, {"items": table})
+    other = ops.lookup(PLAN, batch, {"items": swapped})
+    for name in native:
+        np.testing.assert_array_equal(np.asarray(other[name]), np.asarray(native[name]))
+    grads = {name: np.asarray(g) for name, g in grads_for(native).items()}
+    grads_swapped = {name: g.astype(g.dtype.newbyteorder(">" if g.dtype.isnative else "<"))
+                     for name, g in grads.items()}
+    want = ops.lookup_grad(PLAN, batch, variables, grads)["items"]
+    got = ops.lookup_grad(PLAN, batch, variables, grads_swapped)["items"]
+    np.testing.assert_array_equal(np.asarray(got.table), np.asarray(want.table))
+    np.testing.assert_array_equal(np.asarray(got.slots[0]), np.asarray(want.slots[0]))
 
 
 def test_hand_built_batch_is_measured_against_the_layout(kernels: str) -> None:

@@ -177,10 +177,32 @@ def check_table_dtype(table: jax.Array, layout: StackLayout) -> None:
     if np.dtype(table.dtype) != layout.weights_dtype:
         name = layout.weights_dtype.name
         raise ValueError(
-            f"Stack {layout.name!r}: the table is {np.dtype(table.dtype).name} but its tables "
+            f"Stack {layout.name!r}: the table is {_dtype_text(table.dtype)} but its tables "
             f"are stored as {name} (TableSpec weights_dtype). Create the variables with "
             f"tilecore.ops.init_tables(plan, key), or cast the table: "
             f"table.astype(jnp.{name}).")
+
+
+def check_slot_dtypes(slots: Any, layout: StackLayout,
+                      optimizer: OptimizerSpec | None = None) -> None:
+    """A stack's optimizer slots are float32, whatever the table's storage (the update
+    rules accumulate in them; a bfloat16 or int32 accumulator was taken on XLA's path,
+    its values rounded, and reached the CPU kernels as an FFI operand error)."""
+    names = optimizer.slot_names if optimizer is not None else ()
+    for k, slot in enumerate(slots):
+        if np.dtype(slot.dtype) != np.float32:
+            label = f"slot {k}" + (f" ({names[k]!r})" if k < len(names) else "")
+            raise ValueError(
+                f"Stack {layout.name!r}: {label} is {_dtype_text(slot.dtype)} but optimizer "
+                "slots are float32. Create the variables with tilecore.ops.init_tables(plan, "
+                "key), or cast the slot: slot.astype(jnp.float32).")
+
+
+def _dtype_text(dtype: Any) -> str:
+    """A dtype's name, with its byte order when that is not the host's (`>f4` and `<f4`
+    are both named float32)."""
+    dtype = np.dtype(dtype)
+    return dtype.name if dtype.isnative else f"{dtype.name} of byte order {dtype.str!r}"
 
 
 def check_variables(variables: Any, layout: StackLayout,
@@ -196,6 +218,7 @@ def check_variables(variables: Any, layout: StackLayout,
     check_table_dtype(variables.table, layout)
     for k, slot in enumerate(variables.slots):
         check_table(slot, layout, f"slot {k}")
+    check_slot_dtypes(variables.slots, layout, optimizer)
 
 
 def check_grads(grads: jax.Array, layout: StackLayout) -> None:
@@ -223,8 +246,9 @@ def check_clip(what: str, clip: Any) -> None:
 
 
 def check_step(step: Any) -> None:
-    """A concrete step is a 0-based int32 count (a negative one makes Adam's bias
-    correction divide by zero; past 2**31 it would wrap). Traced steps pass."""
+    """A concrete step is a 0-based int32 count whose successor is one too (a negative
+    one makes Adam's bias correction divide by zero; Adam and LaProp count updates from
+    `step + 1`, which at 2**31 - 1 wrapped to -2**31: NaN rows). Traced steps pass."""
     try:
         value = np.asarray(step)
     except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
@@ -232,6 +256,7 @@ def check_step(step: Any) -> None:
     if value.shape != () or not np.issubdtype(value.dtype, np.integer):
         raise ValueError(f"step must be an integer scalar (the 0-based global step), got "
                          f"{step!r}.")
-    if not 0 <= int(value) < 2**31:
-        raise ValueError(f"step must be in [0, 2**31), got step={int(value)}: it is the "
-                         "0-based count of updates applied so far.")
+    if not 0 <= int(value) < 2**31 - 1:
+        raise ValueError(f"step must be in [0, 2**31 - 1), got step={int(value)}: it is the "
+                         "0-based count of updates applied so far (an int32, as is the "
+                         "1-based count step + 1 that Adam and LaProp use).")

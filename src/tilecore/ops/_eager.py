@@ -14,9 +14,25 @@ from __future__ import annotations
 from typing import Any, Generic, TypeVar
 
 import jax
+import numpy as np
 from jax.core import Tracer
 
 T = TypeVar("T")
+TreeT = TypeVar("TreeT")
+
+
+def native_byte_order(tree: TreeT) -> TreeT:
+    """`tree` with every numpy leaf of another byte order (`'>f4'` on this host) copied to
+    the host's own. jax's cached `jit` dispatch takes such an array's bytes as they lie
+    (a `'>f4'` table was read as garbage float32 after a first call with a native one,
+    and the first call raised JAX's "Error interpreting argument"), so the ops' entry
+    points call this before anything reaches `jit`."""
+    def native(leaf: Any) -> Any:
+        if isinstance(leaf, np.ndarray) and not leaf.dtype.isnative:
+            return leaf.astype(leaf.dtype.newbyteorder("="))
+        return leaf
+
+    return jax.tree.map(native, tree)
 
 
 def should_jit(*trees: object) -> bool:
