@@ -105,6 +105,23 @@ def every_reader_refuses(root: Path, step: int, *parts: str) -> None:
 # --------------------------------------------------------------------------- array files
 
 
+@pytest.mark.parametrize("what, dtype", [("table", "bfloat16"), ("table", "int32"),
+                                         ("accumulator", "float16")])
+def test_variables_of_another_dtype_are_refused_at_save(tmp_path: Path, what: str,
+                                                        dtype: str) -> None:
+    """A table in another dtype than the plan's, or a slot that is not float32, was saved;
+    restored, the ops refused it. Refused when saving, naming the stack and array."""
+    plan = plan_for()
+    variables = ck.shard_variables(plan, states(plan, 0))
+    a = variables["a"]
+    a = (a._replace(table=a.table.astype(dtype)) if what == "table"
+         else a._replace(slots=(a.slots[0].astype(dtype),)))
+    with pytest.raises(ValueError, match=rf"Stack 'a': {what} is .*\({dtype}\); the plan "
+                                         rf"stores it as float32"):
+        ck.save(tmp_path / "ckpt", plan, {**variables, "a": a}, step=0)
+    assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").iterdir())
+
+
 def test_flipped_bytes_in_a_data_file_never_restore_other_values(tmp_path: Path) -> None:
     """A disk error flips bytes in the largest data file: each flip either raises naming
     the array or (bytes Orbax no longer uses) restores the saved values exactly."""

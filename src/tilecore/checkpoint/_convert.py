@@ -56,7 +56,8 @@ def stack_plan(plan: StackingPlan, stack: str) -> StackingPlan:
 
 
 def check_variables(plan: StackingPlan, variables: Mapping[str, EmbeddingVariables]) -> None:
-    """Raise if `variables` lacks a stack of `plan` or has the wrong shapes or slot count."""
+    """Raise if `variables` lacks a stack of `plan` or has the wrong shapes, dtypes or slot
+    count (a checkpoint of them would restore into variables the ops refuse)."""
     missing = sorted(set(plan.stacks) - set(variables))
     extra = sorted(set(variables) - set(plan.stacks))
     if missing or extra:
@@ -78,6 +79,14 @@ def check_variables(plan: StackingPlan, variables: Mapping[str, EmbeddingVariabl
                 raise ValueError(
                     f"Stack {name!r}: {what} has shape {tuple(np.shape(array))}; the plan "
                     f"expects {want} (stacked vocab × padded dim for {plan.topology} topology)."
+                )
+            dtype = np.dtype(spec.weights_dtype) if what == "table" else np.dtype(np.float32)
+            if np.dtype(array.dtype) != dtype:
+                raise ValueError(
+                    f"Stack {name!r}: {what} is {np.dtype(array.dtype).str} "
+                    f"({np.dtype(array.dtype).name}); the plan stores it as {dtype.name} "
+                    "(tables in their TableSpec weights_dtype, optimizer slots in float32), "
+                    "as the ops that read it back require."
                 )
 
 
