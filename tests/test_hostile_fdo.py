@@ -290,6 +290,30 @@ def test_update_preprocessing_parameters_checks_statistics_it_is_handed(
     assert tuned.stacks["b"] == plan.stacks["b"]
 
 
+def test_update_preprocessing_parameters_takes_statistics_held_as_lists(
+        plan: tc.StackingPlan) -> None:
+    """Counts as Python lists were a bare AttributeError ('list' object has no attribute
+    'max'): they are read as arrays, and what is no array of counts is named."""
+    arrays = stats(np.array([[7, 3, 2, 5]]))
+    as_lists = tc.PreprocessStats(
+        max_ids_per_partition={k: v.tolist() for k, v in arrays.max_ids_per_partition.items()},
+        max_unique_ids_per_partition={
+            k: v.tolist() for k, v in arrays.max_unique_ids_per_partition.items()},
+        required_buffer_size_per_sc={
+            k: v.tolist() for k, v in arrays.required_buffer_size_per_sc.items()},
+        id_drop_counters=dict(arrays.id_drop_counters))
+    tuned = tc.update_preprocessing_parameters(plan, as_lists)
+    assert tuned == tc.update_preprocessing_parameters(plan, arrays)
+    assert tuned.stacks["a"].max_ids_per_partition == 7
+    where = r"update_preprocessing_parameters: the statistics: stack 'a' \(max_ids\)"
+    with pytest.raises(fdo.FdoStatsError, match=where + r" is not an array of counts"):
+        tc.update_preprocessing_parameters(plan, stats([[1, 2], [3]]))  # type: ignore[arg-type]
+    with pytest.raises(fdo.FdoStatsError, match=where + r" has dtype float64"):
+        tc.update_preprocessing_parameters(plan, stats([[1.5, 2, 3, 4]]))  # type: ignore[arg-type]
+    with pytest.raises(fdo.FdoStatsError, match=where + r" holds the count -1"):
+        tc.update_preprocessing_parameters(plan, stats([[1, -1, 3, 4]]))  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("client_type", [file_fdo_client.NPZFileFDOClient,
                                          csv_file_fdo_client.CSVFileFDOClient])
 def test_compat_publish_is_atomic(tmp_path: Path, client_type: type[_fdo.FileFDOClient],

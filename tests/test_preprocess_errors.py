@@ -110,6 +110,34 @@ def test_weights_that_are_not_numbers() -> None:
         tc.preprocess(make_plan(), {"feat": GOOD}, {"feat": np.full((4, 3), "x")})
 
 
+def test_bfloat16_weights_are_widened_like_float16() -> None:
+    """bfloat16 (numpy kind 'V') was refused as "not real numbers"; every bfloat16 is a
+    float32, so it is widened exactly, from ml_dtypes or from jax."""
+    import jax.numpy as jnp
+    import ml_dtypes
+
+    plan = make_plan("mean")
+    weights = np.linspace(0.5, 2.0, 12, dtype=np.float32).reshape(4, 3)
+    narrow = weights.astype(ml_dtypes.bfloat16)
+    want = snapshot(plan, {"feat": GOOD}, {"feat": narrow.astype(np.float32)})
+    assert snapshot(plan, {"feat": GOOD}, {"feat": narrow}) == want
+    assert snapshot(plan, {"feat": GOOD}, {"feat": jnp.asarray(narrow)}) == want
+    ragged = tc.Ragged(GOOD.ravel(), np.arange(0, 13, 3), narrow.ravel())
+    assert snapshot(plan, {"feat": ragged}) == want
+
+
+def test_dense_array_likes_are_read_as_numpy() -> None:
+    """A dense jax.Array of IDs was "unsupported input type ArrayImpl"; anything with
+    `__array__` is read as the numpy array it converts to."""
+    import jax.numpy as jnp
+
+    plan = make_plan()
+    want = snapshot(plan, {"feat": GOOD})
+    assert snapshot(plan, {"feat": jnp.asarray(GOOD)}) == want
+    with pytest.raises(TypeError, match="Feature 'feat': IDs must be integers"):
+        tc.preprocess(plan, {"feat": jnp.asarray(GOOD, jnp.float32)})
+
+
 def test_weights_beyond_float32_name_their_value() -> None:
     """1e300 (float64) would be inf in float32, and the error would name inf."""
     weights = np.ones((4, 3))
@@ -185,6 +213,18 @@ def test_weights_summing_to_zero(combiner: str) -> None:
     with pytest.raises(ValueError, match=rf"Feature 'feat': the weights of row 2 sum to zero.*"
                                          rf"'{combiner}' combiner of table 'tab'"):
         tc.preprocess(make_plan(combiner), {"feat": GOOD}, {"feat": weights})
+
+
+def test_sqrtn_weights_whose_squares_underflow() -> None:
+    """Weights of 1e-30 sum to 3e-30, but their squares are 0 in float32: the error said
+    "the weights sum to zero"."""
+    weights = np.ones((4, 3), np.float32)
+    weights[1] = [1e-30, -1e-30, 0.0]
+    message = ("Feature 'feat': the sum of the squared weights of row 1 (largest magnitude "
+               "1e-30) is zero in float32, where the 'sqrtn' combiner of table 'tab' sums "
+               "them: weights below ~2.6e-23 in magnitude square to 0")
+    with pytest.raises(ValueError, match=re.escape(message)):
+        tc.preprocess(make_plan("sqrtn"), {"feat": GOOD}, {"feat": weights})
 
 
 @pytest.mark.parametrize(("combiner", "row"), [("mean", [1.0, 3e38, 3e38]),
@@ -305,6 +345,65 @@ def test_two_dimensional_object_rows_name_the_feature() -> None:
     rows[0] = np.array([[1, 2]])
     with pytest.raises(ValueError, match="Feature 'feat'"):
         tc.preprocess(make_plan(), {"feat": rows})
+
+
+def test_two_dimensional_rows_whose_total_matches_are_refused() -> None:
+    """Rows [[3, 7]] (1 × 2) and an empty (1, 0): len() says one ID each, the element
+    total (2) agrees, and ID 7 was handed to sample 1; so were 2-D weight rows' values."""
+    plan = make_plan(batch=2, width=2)
+    ids = object_rows([[0], [0]])
+    ids[0], ids[1] = np.array([[3, 7]]), np.zeros((1, 0), np.int64)
+    with pytest.raises(ValueError, match=re.escape(
+            "Feature 'feat': row 0 of the ragged IDs is not a 1-D sequence (got ndarray of "
+            "shape (1, 2))")):
+        tc.preprocess(plan, {"feat": ids}, num_threads=1)
+    weights = object_rows([[0.0], [0.0]], float)
+    weights[0], weights[1] = np.array([[1.0, 2.0]]), np.zeros((1, 0))
+    with pytest.raises(ValueError, match=re.escape(
+            "Feature 'feat': row 0 of the ragged weights is not a 1-D sequence (got ndarray "
+            "of shape (1, 2))")):
+        tc.preprocess(plan, {"feat": object_rows([[3], [4]])}, {"feat": weights}, num_threads=1)
+    nested = [[[3, 7]], [4]]  # Python rows: a nested list is no 1-D row either
+    with pytest.raises(ValueError, match="Feature 'feat': row 0 of the ragged IDs is not a 1-D"):
+        tc.preprocess(plan, {"feat": nested}, num_threads=1)
+
+
+def _big_endian(array: np.ndarray) -> np.ndarray:
+    return array.astype(array.dtype.newbyteorder(">"))
+
+
+def _forms(ids: np.ndarray, weights: np.ndarray, swap: Any) -> dict[str, tuple[Any, Any]]:
+    """The inputs `ids` (dense [4, 3]) and `weights` in every form preprocess takes,
+    each array passed through `swap`."""
+    splits = np.arange(0, ids.size + 1, ids.shape[1])
+
+    def rows(arrays: Any, dtype: Any) -> np.ndarray:
+        out = np.empty(len(arrays), object)
+        out[:] = [swap(a.astype(dtype)) for a in arrays]
+        return out
+
+    return {
+        "dense": (swap(ids), swap(weights)),
+        "dense int64/float64": (swap(ids.astype(np.int64)), swap(weights.astype(np.float64))),
+        "ragged": (tc.Ragged(swap(ids.ravel()), swap(splits), swap(weights.ravel())), None),
+        "object rows": (rows(ids, np.int32), rows(weights, np.float32)),
+        "object rows int64": (rows(ids, np.int64), rows(weights, np.float64)),
+        "sparse": (scipy.sparse.csr_matrix((swap(weights.ravel()), swap(ids.ravel()),
+                                            swap(splits)), shape=(4, 16)), None),
+    }
+
+
+def test_big_endian_inputs_preprocess_like_native() -> None:
+    """Byte-swapped IDs, splits and weights ('>i4', '>f4', …) in every form give the
+    buffers of native ones (the object-row fast path hands them to the general path)."""
+    ids = np.array([[1, 2, 3], [4, 5, 4], [6, 7, 8], [9, 10, 11]], np.int32)
+    weights = np.linspace(0.5, 2.0, 12, dtype=np.float32).reshape(4, 3)
+    plan = make_plan("mean")
+    native = _forms(ids, weights, lambda a: a)
+    for form, (value, w) in _forms(ids, weights, _big_endian).items():
+        want_value, want_w = native[form]
+        assert snapshot(plan, {"feat": value}, None if w is None else {"feat": w}) == snapshot(
+            plan, {"feat": want_value}, None if want_w is None else {"feat": want_w}), form
 
 
 def test_ragged_values_not_1d() -> None:

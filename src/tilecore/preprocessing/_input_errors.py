@@ -15,6 +15,7 @@ def raise_input_error(code: int, feature: FeatureSpec, csr: Csr, where: int) -> 
     (a row or a position of `feature`'s CSR), naming the feature, table, row and value."""
     table = feature.table
     if code == k.ZERO_WEIGHT_SUM:
+        _raise_underflow(feature, csr, where)
         raise ValueError(
             f"Feature {feature.name!r}: the weights of row {where} sum to zero, so the "
             f"{table.combiner!r} combiner of table {table.name!r} cannot normalise them. "
@@ -47,4 +48,25 @@ def raise_input_error(code: int, feature: FeatureSpec, csr: Csr, where: int) -> 
     raise ValueError(
         f"Feature {feature.name!r}: ID {csr.values[where]} at row {row} (position {where}) is "
         f"outside [0, {table.vocab_size}), the vocabulary of table {table.name!r}."
+    )
+
+
+SQUARE_UNDERFLOW = (float(np.finfo(np.float32).smallest_subnormal) / 2) ** 0.5
+"""Weights of smaller magnitude square to 0 in float32 (about 2.6e-23)."""
+
+
+def _raise_underflow(feature: FeatureSpec, csr: Csr, row: int) -> None:
+    """For 'sqrtn', raise if row `row`'s weights are not all zero: Σw² is zero only because
+    each square underflows float32, and "the weights sum to zero" would be false."""
+    if feature.table.combiner != "sqrtn" or csr.weights is None:
+        return
+    row_weights = csr.weights[csr.splits[row]:csr.splits[row + 1]]
+    if not np.any(row_weights):
+        return
+    raise ValueError(
+        f"Feature {feature.name!r}: the sum of the squared weights of row {row} (largest "
+        f"magnitude {np.max(np.abs(row_weights)):g}) is zero in float32, where the 'sqrtn' "
+        f"combiner of table {feature.table.name!r} sums them: weights below "
+        f"~{SQUARE_UNDERFLOW:.2g} in magnitude square to 0, so it cannot normalise them. "
+        "Scale the row's weights up, drop the row, or use the 'sum' combiner."
     )

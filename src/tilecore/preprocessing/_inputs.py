@@ -7,6 +7,7 @@ import operator
 from collections.abc import Mapping
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from ..specs import FeatureSpec
@@ -17,6 +18,10 @@ from ._types import Ragged
 
 _ID_DTYPES = (np.int32, np.int64)
 _DTYPE = operator.attrgetter("dtype")
+_NDIM = operator.attrgetter("ndim")
+_WIDENED = {np.dtype(ml_dtypes.bfloat16): np.dtype(np.float32)}
+"""Weight dtypes numpy does not class as real numbers (kind 'V') → the float type that
+holds each of their values exactly (bfloat16 is float32 with the low 16 bits cut)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,10 +73,12 @@ def _ids(feature: str, values: Any, where: str) -> np.ndarray:
 
 def _weights(feature: str, weights: Any, shape: tuple[int, ...], where: str) -> np.ndarray:
     weights = np.asarray(_unmasked(feature, weights, f"weights ({where})"))
+    if weights.dtype in _WIDENED:  # e.g. bfloat16 (jax's or ml_dtypes'): widened exactly
+        weights = weights.astype(_WIDENED[weights.dtype])
     if weights.dtype.kind not in "fiu":
         raise TypeError(
             f"Feature {feature!r}: weights must be real numbers, got dtype {weights.dtype} "
-            f"in {where}."
+            f"in {where}. Cast them, e.g. weights.astype(np.float32)."
         )
     if weights.shape != shape:
         raise ValueError(
@@ -115,19 +122,51 @@ def check_splits(feature: str, splits: np.ndarray, num_values: int) -> tuple[np.
 
 
 def _row_lengths(feature: str, rows: np.ndarray, what: str) -> np.ndarray:
+    """Each row's length, once every row is 1-D: `len` of a 2-D row counts its rows, not
+    its values, and its values would be handed to the samples after it."""
     try:
-        return np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
-    except TypeError:
-        bad = next(i for i, r in enumerate(rows) if np.ndim(r) != 1)
-        raise ValueError(
-            f"Feature {feature!r}: row {bad} of the ragged {what} is not a 1-D sequence "
-            f"(got {type(rows[bad]).__name__} of shape {np.shape(rows[bad])})."
-        ) from None
+        lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+    except TypeError:  # a row without a length (a scalar, None): name it
+        _refuse_rows_not_1d(feature, rows, what, deep=True)
+        raise
+    _refuse_rows_not_1d(feature, rows, what, deep=False)
+    return lengths
+
+
+def _refuse_rows_not_1d(feature: str, rows: Any, what: str, *, deep: bool) -> None:
+    """Raise naming the first row that is not a 1-D sequence. Rows with an `ndim` (numpy
+    or jax arrays) are all checked; others (lists) only when `deep`, as `np.ndim`
+    converts them (the joined rows' shape catches nested lists first)."""
+    try:
+        if set(map(_NDIM, rows)) <= {1}:  # every row an array, all 1-D: at C speed
+            return
+    except AttributeError:  # some row is not an array: row by row
+        pass
+    for index, row in enumerate(rows):
+        ndim = getattr(row, "ndim", None)
+        if ndim is None and deep:
+            try:
+                ndim = np.ndim(row)
+            except ValueError:  # rows of nested lists of different lengths
+                ndim = -1
+        if ndim is not None and ndim != 1:
+            raise ValueError(
+                f"Feature {feature!r}: row {index} of the ragged {what} is not a 1-D sequence "
+                f"(got {type(row).__name__} of shape {_shape(row)}). Give each sample's "
+                f"{what} as one 1-D array or list, e.g. row.reshape(-1).") from None
+
+
+def _shape(row: Any) -> str:
+    try:
+        return str(np.shape(row))
+    except ValueError:
+        return "(nested rows of different lengths)"
 
 
 def _concatenate(feature: str, rows: np.ndarray, total: int, what: str) -> np.ndarray:
-    """The rows back to back. Rows that are numpy arrays of one dtype are joined as raw
-    bytes (3× faster than np.concatenate, whose cost is per row, not per ID)."""
+    """The rows (each 1-D, `_row_lengths`) back to back. Rows that are numpy arrays of one
+    dtype are joined as raw bytes (3× faster than np.concatenate, whose cost is per row,
+    not per ID)."""
     if not total:
         return np.zeros(0, np.int32)
     try:
@@ -146,9 +185,11 @@ def _concatenate(feature: str, rows: np.ndarray, total: int, what: str) -> np.nd
     try:
         flat = np.concatenate([r for r in rows if len(r)])  # empty rows carry no dtype
     except ValueError as error:
+        _refuse_rows_not_1d(feature, rows, what, deep=True)
         raise ValueError(f"Feature {feature!r}: the ragged rows of {what} do not join: {error}."
                          " Every row must be a 1-D sequence of numbers.") from None
     if flat.ndim != 1 or flat.size != total:
+        _refuse_rows_not_1d(feature, rows, what, deep=True)
         raise ValueError(f"Feature {feature!r}: every ragged row of {what} must be 1-D.")
     return flat
 
@@ -214,6 +255,15 @@ def to_csr(feature: FeatureSpec, value: Any, weights: Any, *, num_threads: int =
     return csr
 
 
+def _as_numpy(value: Any) -> Any:
+    """`value` as a numpy array if it is an array-like other than one (a `jax.Array`, a
+    pandas Series: anything with `__array__`), so that it is read as the numpy array it
+    converts to; other values unchanged. Preprocessing runs on the host, on numpy arrays."""
+    if isinstance(value, np.ndarray) or not hasattr(value, "__array__"):
+        return value
+    return np.asarray(value)
+
+
 def _to_csr(feature: FeatureSpec, value: Any, weights: Any, threads: int) -> Csr:
     name = feature.name
     if isinstance(value, Ragged):
@@ -235,6 +285,7 @@ def _to_csr(feature: FeatureSpec, value: Any, weights: Any, threads: int) -> Csr
         values = _ids(name, csr.indices, "the sparse matrix's column indices")
         return Csr(values, np.asarray(csr.indptr, np.int64),
                    _weights(name, csr.data, values.shape, "the sparse matrix's data"))
+    value = _as_numpy(value)
     if isinstance(value, np.ndarray) and value.dtype == object:
         if value.ndim != 1:
             raise ValueError(f"Feature {name!r}: a ragged object array must be 1-D.")

@@ -117,6 +117,15 @@ def check_stats(plan: StackingPlan, stats: PreprocessStats, where: str, *,
     limit fields are checked (`check_counts`, then `check_stacks`), and with `warn`
     each stack of the plan they lack is an `FdoStatsWarning` (it keeps its limits).
     """
+    checked_fields(plan, stats, where, warn=warn)
+    return stats
+
+
+def checked_fields(plan: StackingPlan, stats: PreprocessStats, where: str, *,
+                   warn: bool = True) -> dict[str, dict[str, np.ndarray]]:
+    """Each stack's limit fields of `stats` as checked int64 `[steps, width]` arrays, or an
+    `FdoStatsError` naming `where` (`check_stats`). Limits are taken from these arrays,
+    not from `stats`, whose values may be any array-like (e.g. lists)."""
     if not isinstance(stats, PreprocessStats):
         raise TypeError(f"{where} must be the PreprocessStats that preprocess returns (or "
                         f"an FdoClient loads), got {type(stats).__name__}.")
@@ -124,7 +133,7 @@ def check_stats(plan: StackingPlan, stats: PreprocessStats, where: str, *,
     check_stacks(plan, stacks, where)
     if warn:
         warn_missing(plan, stacks, where)
-    return stats
+    return stacks
 
 
 def _fields_of(stats: PreprocessStats, name: str, where: str) -> dict[str, np.ndarray]:
@@ -135,9 +144,20 @@ def _fields_of(stats: PreprocessStats, name: str, where: str) -> dict[str, np.nd
         if name not in values:
             raise FdoStatsError(f"{where}: stack {name!r} has max_ids_per_partition but no "
                                 f"{attribute}. {_FIX}")
-        fields[field] = as_rows(check_counts(np.asarray(values[name]),
-                                             f"{where}: stack {name!r} ({field})", _FIX))
+        label = f"{where}: stack {name!r} ({field})"
+        fields[field] = as_rows(check_counts(_as_array(values[name], label), label, _FIX))
     return fields
+
+
+def _as_array(value: object, where: str) -> np.ndarray:
+    """`value` (an array, or a list of counts) as a numpy array, or an `FdoStatsError`
+    naming `where` when numpy cannot make one (e.g. nested lists of different lengths)."""
+    try:
+        return np.asarray(value)
+    except (ValueError, TypeError) as error:
+        raise FdoStatsError(f"{where} is not an array of counts ({type(value).__name__}: "
+                            f"{error}). Give one list or array of integer counts per "
+                            "step.") from None
 
 
 def _check_widths(plan: StackingPlan, name: str, fields: Fields, where: str) -> None:
@@ -204,17 +224,16 @@ def update_preprocessing_parameters(plan: StackingPlan, stats: PreprocessStats) 
     (another plan's stacks or topology, negative or impossible counts) raise
     `FdoStatsError` (`check_stats`) before any limit changes.
     """
-    check_stats(plan, stats, "update_preprocessing_parameters: the statistics", warn=False)
+    stacks = checked_fields(plan, stats, "update_preprocessing_parameters: the statistics",
+                            warn=False)
     s = plan.topology.sc_per_device
-    for name in stats.max_ids_per_partition:
+    for name, fields in stacks.items():
         plan = plan.with_stack_limits(
             name,
-            max_ids_per_partition=max(1, int(stats.max_ids_per_partition[name].max(initial=0))),
-            max_unique_ids_per_partition=max(
-                1, int(stats.max_unique_ids_per_partition[name].max(initial=0))
-            ),
+            max_ids_per_partition=max(1, int(fields["max_ids"].max(initial=0))),
+            max_unique_ids_per_partition=max(1, int(fields["max_unique_ids"].max(initial=0))),
             suggested_coo_buffer_size_per_device=max(
-                8 * s, int(stats.required_buffer_size_per_sc[name].max(initial=0)) * s
+                8 * s, int(fields["required_buffer_size"].max(initial=0)) * s
             ),
         )
     return plan
