@@ -8,6 +8,7 @@ import json
 import pathlib
 import subprocess
 import sys
+from typing import Any
 
 import numpy as np
 import pytest
@@ -201,6 +202,28 @@ def test_sparse_tensor_input_matches_ragged() -> None:
             np.testing.assert_array_equal(getattr(coo, field)[name], array)
     assert coo.num_minibatches.dtype == np.int32
     assert coo_stats.max_ids_per_partition.keys() == ragged_stats.max_ids_per_partition.keys()
+
+
+def test_sparse_tensor_input_takes_big_endian_indices() -> None:
+    """'>i8' indices failed in numba (TypingError): `np.dtype('>i8').type is np.int64`,
+    so they were handed to the kernel unconverted."""
+    features = worked_example_specs()
+    embedding.prepare_feature_specs_for_training(features, 2, 4)
+    indices, values, shapes = {}, {}, {}
+    for i, name in enumerate(features):
+        indices[name] = np.stack([np.arange(16), np.zeros(16, np.int64)], 1)
+        values[name] = (np.arange(16) * (i + 1)) % 60
+        shapes[name] = np.array([16, 1])
+
+    def call(dtype: str) -> tuple[Any, Any]:
+        swapped = {k: v.astype(dtype) for k, v in indices.items()}
+        return embedding.preprocess_sparse_dense_matmul_input_from_sparse_tensor(
+            swapped, values, shapes, features, 2, 2, num_sc_per_device=4)
+
+    (want, _), (got, _) = call("=i8"), call(">i8")
+    for field in ("lhs_row_pointers", "lhs_embedding_ids", "lhs_sample_ids", "lhs_gains"):
+        for name, array in getattr(want, field).items():
+            np.testing.assert_array_equal(getattr(got, field)[name], array)
 
 
 def test_batch_by_one_object_arrays_squeeze() -> None:

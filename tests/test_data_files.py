@@ -51,6 +51,34 @@ def test_loaded_batch_preprocesses_like_the_original(tmp_path: Path) -> None:
         np.testing.assert_array_equal(got.stacks[name].embedding_ids, buffers.embedding_ids)
 
 
+@pytest.mark.parametrize("suffix", [".npz", ".parquet"])
+def test_big_endian_batches_are_saved(tmp_path: Path, suffix: str) -> None:
+    """A byte-swapped Ragged ('>i8' IDs and splits, '>f4' weights): .parquet failed in
+    pyarrow ("Byte-swapped arrays not supported"), naming no feature."""
+    if suffix == ".parquet":
+        pytest.importorskip("pyarrow")
+    batch = _batch(np.random.default_rng(3), weighted=True)
+
+    def swap(array: object) -> np.ndarray:
+        array = np.asarray(array)
+        return array.astype(array.dtype.newbyteorder(">"))
+
+    swapped = {name: tc.Ragged(swap(r.values), swap(r.row_splits), swap(r.weights))
+               for name, r in batch.items()}
+    loaded = data.load_batch(data.save_batch(tmp_path / f"b{suffix}", swapped))
+    for name, ragged in batch.items():
+        np.testing.assert_array_equal(loaded[name].values, ragged.values)
+        np.testing.assert_array_equal(loaded[name].row_splits, ragged.row_splits)
+        np.testing.assert_array_equal(np.asarray(loaded[name].weights), ragged.weights)
+
+
+def test_parquet_names_the_feature_it_cannot_write(tmp_path: Path) -> None:
+    pytest.importorskip("pyarrow")
+    bad = {"clicks": tc.Ragged(np.array([{"a": 1}, 2], object), np.array([0, 2]))}
+    with pytest.raises(ValueError, match=r"b.parquet: save_batch cannot write feature 'clicks'"):
+        data.save_batch(tmp_path / "b.parquet", bad)
+
+
 def test_parquet_errors(tmp_path: Path) -> None:
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")

@@ -51,9 +51,7 @@ def coo_to_ragged(feature: str, indices: Any, values: Any, dense_shape: Any) -> 
             f"(row, column) pair per value), got {indices.shape}."
         )
     else:
-        rows = indices[:, 0]  # a strided view: not copied when int32 or int64
-        if rows.dtype.type not in (np.int32, np.int64):
-            rows = rows.astype(np.int64)
+        rows = _row_indices(indices)
     splits, bad, order = row_splits(rows, batch)
     if bad >= 0:
         raise ValueError(
@@ -61,3 +59,13 @@ def coo_to_ragged(feature: str, indices: Any, values: Any, dense_shape: Any) -> 
             f"by dense_shape[0]={batch}."
         )
     return Ragged(values=values if order is None else values[order], row_splits=splits)
+
+
+def _row_indices(indices: np.ndarray) -> np.ndarray:
+    """`indices[:, 0]` as the native int32 or int64 the kernel reads: a strided view when
+    it already is one, else converted (other dtypes, and big-endian ones: `>i8`'s type
+    is `np.int64` too, so the byte order is checked apart)."""
+    rows = indices[:, 0]
+    if rows.dtype.type not in (np.int32, np.int64) or not rows.dtype.isnative:
+        rows = rows.astype(np.int64)
+    return rows

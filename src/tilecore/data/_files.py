@@ -60,14 +60,34 @@ def save_batch(path: str | os.PathLike[str], batch: Mapping[str, Ragged]) -> Pat
         pa, pq = _pyarrow(path)
         columns: dict[str, Any] = {}
         for name, ragged in batch.items():
-            offsets = pa.array(np.asarray(ragged.row_splits, np.int64))
-            columns[name] = pa.LargeListArray.from_arrays(offsets, pa.array(ragged.values))
-            if ragged.weights is not None:
-                columns[f"{name}/weights"] = pa.LargeListArray.from_arrays(
-                    offsets, pa.array(np.asarray(ragged.weights, np.float32)))
+            columns.update(_parquet_columns(pa, path, name, ragged))
         pq.write_table(pa.table(columns), path)
         return path
     raise ValueError(f"{path}: unknown batch file type {path.suffix!r}; use one of {SUFFIXES}.")
+
+
+def _parquet_columns(pa: Any, path: Path, name: str, ragged: Ragged) -> dict[str, Any]:
+    """Feature `name`'s Parquet columns: its IDs and, if it has them, its weights, as
+    `large_list` columns. Arrays go to pyarrow in this machine's byte order (it refuses
+    byte-swapped ones, whose values are the same); what it still refuses is named by
+    file and feature."""
+    try:
+        offsets = pa.array(_native(ragged.row_splits, np.int64))
+        columns = {name: pa.LargeListArray.from_arrays(offsets, pa.array(_native(ragged.values)))}
+        if ragged.weights is not None:
+            columns[f"{name}/weights"] = pa.LargeListArray.from_arrays(
+                offsets, pa.array(_native(ragged.weights, np.float32)))
+    except (pa.ArrowException, ValueError, TypeError) as error:
+        raise ValueError(f"{path}: save_batch cannot write feature {name!r} to Parquet "
+                         f"({type(error).__name__}: {error}); give it a tilecore.Ragged of "
+                         "integer IDs, int64 row splits and float weights.") from None
+    return columns
+
+
+def _native(values: Any, dtype: Any = None) -> np.ndarray:
+    """`values` as a numpy array (of `dtype`, if given) in this machine's byte order."""
+    array = np.asarray(values, dtype)
+    return array if array.dtype.isnative else array.astype(array.dtype.newbyteorder("="))
 
 
 def load_batch(path: str | os.PathLike[str]) -> dict[str, Ragged]:
