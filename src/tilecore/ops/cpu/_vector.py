@@ -221,6 +221,12 @@ def row_address(array, r):
 def prefetch_row(array, r):
     """Ask for row `r` of a 2-D C-contiguous array to be brought into the cache (every
     cache line of it; a hint: an address outside the array never faults)."""
-    address = row_address(array, r)
-    for offset in range(0, array.shape[1] * array.itemsize, 64):
+    prefetch_row_at(row_address(array, r), array.shape[1] * array.itemsize)
+
+
+@jit_inline
+def prefetch_row_at(address, size):
+    """`prefetch_row` of the `size` bytes at `address`: straight-line code where the size
+    is a constant."""
+    for offset in range(0, size, 64):
         prefetch(address + offset)
