@@ -60,13 +60,19 @@ def embed(
                              f"{tuple(jnp.shape(probe[name]))}; expected {want} (its "
                              "activations'). Pass activation_probe(plan).")
 
+    # The tables and the batch are arguments, not closed over: a `jax.grad` taken with
+    # respect to them (say, to all of a Flax model's variables) made them tracers that
+    # the rule could not hold (JAX's UnexpectedTracerError). Their cotangent is a
+    # symbolic zero (None), never a table-sized array.
     @jax.custom_vjp
-    def with_probe(probe: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+    def with_probe(variables: Any, batch: PreprocessedBatch,
+                   probe: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
         out = lookup(plan, batch, variables, mesh=mesh, axis=axis)
         return {name: out[name] + probe[name] for name in out}
 
-    def forward(probe: Mapping[str, jax.Array]) -> tuple[dict[str, jax.Array], None]:
-        return with_probe(probe), None
+    def forward(variables: Any, batch: PreprocessedBatch, probe: Mapping[str, jax.Array]
+                ) -> tuple[dict[str, jax.Array], None]:
+        return with_probe(variables, batch, probe), None
 
     # Under an explicitly sharded mesh a cotangent must carry its input's sharding.
     specs: dict[str, NamedSharding] = {}
@@ -74,11 +80,12 @@ def embed(
         specs = {name: NamedSharding(mesh, jax.typeof(p).sharding.spec)
                  for name, p in probe.items()}
 
-    def backward(_: None, grads: dict[str, jax.Array]) -> tuple[dict[str, jax.Array]]:
-        return ({name: jax.reshard(g, specs[name]) if specs else g for name, g in grads.items()},)
+    def backward(_: None, grads: dict[str, jax.Array]) -> tuple[None, None, dict[str, jax.Array]]:
+        return None, None, {name: jax.reshard(g, specs[name]) if specs else g
+                            for name, g in grads.items()}
 
     with_probe.defvjp(forward, backward)
-    return with_probe(dict(probe))
+    return with_probe(dict(variables), batch, dict(probe))
 
 
 def training_update(

@@ -21,18 +21,23 @@ T = TypeVar("T")
 TreeT = TypeVar("TreeT")
 
 
-def native_byte_order(tree: TreeT) -> TreeT:
-    """`tree` with every numpy leaf of another byte order (`'>f4'` on this host) copied to
-    the host's own. jax's cached `jit` dispatch takes such an array's bytes as they lie
-    (a `'>f4'` table was read as garbage float32 after a first call with a native one,
-    and the first call raised JAX's "Error interpreting argument"), so the ops' entry
-    points call this before anything reaches `jit`."""
-    def native(leaf: Any) -> Any:
-        if isinstance(leaf, np.ndarray) and not leaf.dtype.isnative:
-            return leaf.astype(leaf.dtype.newbyteorder("="))
-        return leaf
+def device_arrays(tree: TreeT) -> TreeT:
+    """`tree` with every numpy leaf made a JAX array, in the host's byte order.
 
-    return jax.tree.map(native, tree)
+    The ops' entry points call this before anything else sees their arrays. jax's cached
+    `jit` dispatch takes a numpy array of the other byte order (`'>f4'` here) as its
+    bytes lie (a `'>f4'` table was read as garbage float32 after a first call with a
+    native one, and the first call raised JAX's "Error interpreting argument"); and
+    under `jax.disable_jit()` XLA's kernels update a table with `.at[]`, which a numpy
+    table lacks (the CPU kernels took it)."""
+    def on_device(leaf: Any) -> Any:
+        if not isinstance(leaf, np.ndarray):
+            return leaf
+        if not leaf.dtype.isnative:
+            leaf = leaf.astype(leaf.dtype.newbyteorder("="))
+        return jax.numpy.asarray(leaf)
+
+    return jax.tree.map(on_device, tree)
 
 
 def should_jit(*trees: object) -> bool:

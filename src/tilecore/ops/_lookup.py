@@ -17,7 +17,7 @@ from ..stacking import StackingPlan
 from . import _checks as checks
 from ._activations import feature_slices, whole_block
 from ._contract import VARIABLES_REMEDY, check_call, check_names
-from ._eager import ByIdentity, native_byte_order, should_jit
+from ._eager import ByIdentity, device_arrays, should_jit
 from ._layout import stack_layouts
 from ._per_device import lookup_stack
 from ._placement import explicit_axis
@@ -79,7 +79,7 @@ def lookup(
     layouts = stack_layouts(plan)
     check_call(plan, batch, mesh, axis, "lookup")
     check_names("lookup", "the tables", tables, plan.stacks, VARIABLES_REMEDY)
-    tables = native_byte_order(dict(tables))
+    tables = device_arrays(dict(tables))
     if should_jit(batch, tables):
         return _compiled_lookup(ByIdentity(plan), batch, dict(tables), mesh=mesh, axis=axis,
                                 stacked=stacked, check_finite=check_finite)

@@ -19,7 +19,7 @@ from ..stacking import StackingPlan
 from . import _checks as checks
 from ._activations import feature_gradients
 from ._contract import VARIABLES_REMEDY, check_call, check_clip, check_names, check_step
-from ._eager import ByIdentity, native_byte_order, should_jit
+from ._eager import ByIdentity, device_arrays, should_jit
 from ._layout import StackLayout, stack_layouts
 from ._lookup import DEFAULT_AXIS, num_minibatches_of, on_mesh
 from ._per_device import lookup_grad_stack
@@ -103,7 +103,7 @@ def lookup_grad(
                 + (" (stacked=True: one per stack)." if stacked else " (one per feature)."))
     _check_clip_ranges(plan, options)
     check_step(step)
-    variables, activation_grads = native_byte_order((dict(variables), dict(activation_grads)))
+    variables, activation_grads = device_arrays((dict(variables), dict(activation_grads)))
     if should_jit(batch, variables, activation_grads, step):
         return _compiled_lookup_grad(ByIdentity(plan), batch, dict(variables),
                                      dict(activation_grads), step, mesh=mesh, axis=axis,

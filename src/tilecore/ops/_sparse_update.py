@@ -7,14 +7,16 @@ gathered and written back with stochastic rounding (`_rounding`); slots are floa
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..optimizers import update_rule
-from ..specs import OptimizerSpec
+from ..specs import CustomOptimizer, OptimizerSpec
 from ..specs._weights_dtype import is_half
 from ._rounding import (
     Rounding,
@@ -101,6 +103,8 @@ def updated(variables: EmbeddingVariables, rows: jax.Array, grads: jax.Array,
         raise ValueError(f"A {table.dtype} table is written with stochastic rounding: pass "
                          "rounding= (tilecore.ops.lookup_grad does).")
     rule = update_rule(spec)
+    if isinstance(spec, CustomOptimizer):
+        check_row_wise(spec, int(table.shape[1]))
     hyperparameters = spec.hyperparameters(step)
     arrays = (table, *slots)
     gathered = [gather(a, rows) for a in arrays]
@@ -134,3 +138,43 @@ def updated(variables: EmbeddingVariables, rows: jax.Array, grads: jax.Array,
     scattered = [scatter(a, rows, jnp.asarray(v).astype(a.dtype))
                  for a, v in zip(arrays, (new_row, *new_slots), strict=True)]
     return EmbeddingVariables(scattered[0], tuple(scattered[1:]))
+
+
+_PROBE_ROWS = 3
+
+
+@functools.cache
+def check_row_wise(spec: CustomOptimizer, dim: int) -> None:
+    """Raise unless `spec`'s rule is row-wise: each row's result the rule's result for that
+    row alone. The rule runs on a block of the touched rows, as many as a batch touches
+    and padded as the wing pads; a rule that reduces over the block (`g.sum()`, not
+    `g.sum(axis=1)`) made each row depend on the batch's other rows, and on padding
+    (the CPU wing's read uninitialised, so one program gave other tables per process).
+    Checked once per spec and width on a small block of positive values (a rule that
+    cannot run there is left to fail where it runs)."""
+    with jax.ensure_compile_time_eval():  # called while tracing: compute, do not stage
+        _check_row_wise(spec, dim)
+
+
+def _check_row_wise(spec: CustomOptimizer, dim: int) -> None:
+    rng = np.random.default_rng(0)
+    arrays = [jnp.asarray(rng.uniform(0.5, 1.5, (_PROBE_ROWS, dim)), jnp.float32)
+              for _ in range(2 + len(spec.slot_names))]
+    hyperparameters = spec.hyperparameters(0)
+    try:
+        whole = spec.update_fn(*arrays, *hyperparameters)
+        alone = [spec.update_fn(*(a[i:i + 1] for a in arrays), *hyperparameters)
+                 for i in range(_PROBE_ROWS)]
+        rows = [np.concatenate([np.asarray(part[k], np.float64) for part in alone])
+                for k in range(len(whole))]
+        mixed = not all(np.allclose(np.asarray(w, np.float64), r, rtol=1e-5, atol=1e-6,
+                                    equal_nan=True) for w, r in zip(whole, rows, strict=True))
+    except Exception:  # the rule's own errors are raised where it runs
+        return
+    if mixed:
+        raise ValueError(
+            f"The CustomOptimizer {spec.name!r} update rule is not row-wise: on a block of "
+            f"{_PROBE_ROWS} rows its result for a row differs from its result for that row "
+            "alone, so it reduces over rows (e.g. g.sum() or g.mean() over the whole block). "
+            "It runs on the rows a batch touches, grouped as each kernel groups them: reduce "
+            "along each row only (axis=1, keepdims=True).")

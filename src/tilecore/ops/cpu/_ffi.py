@@ -318,7 +318,9 @@ class FfiKernel:
                     raise TypeError(f"{self.name}: {label} {i} must be {dtype.name} of rank "
                                     f"{ndim}, got {np.dtype(value.dtype).name}{list(value.shape)}")
         self.ensure_registered()
-        call = jax.ffi.ffi_call(self.name, list(results),
+        # Under `jax.vmap` the kernel runs once per batch element (its buffers know no
+        # batch axis); without a method JAX refused to vmap it at all, where XLA's ops map.
+        call = jax.ffi.ffi_call(self.name, list(results), vmap_method="sequential",
                                 input_output_aliases=input_output_aliases)
         return call(*operands)
 

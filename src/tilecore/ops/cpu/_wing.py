@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -64,17 +65,41 @@ def apply_update(variables: EmbeddingVariables, rows: jax.Array, sums: jax.Array
         index = start + jnp.arange(chunk)
         mine = (index >= i * chunk) & (index < real)
         part_rows = jnp.where(mine, jax.lax.dynamic_slice_in_dim(rows, start, chunk), -1)
-        part_sums = jax.lax.dynamic_slice_in_dim(sums, start, chunk)
+        # Rows past `count` are the kernel's uninitialised padding: zeros, so that no
+        # value of them reaches the rule (it drops those rows' results anyway).
+        part_sums = jnp.where(mine[:, None], jax.lax.dynamic_slice_in_dim(sums, start, chunk),
+                              0)
         return updated(variables, part_rows, part_sums, spec, step, clip, gather_rows,
                        scatter_rows, rounding)
 
     return jax.lax.fori_loop(0, (real + chunk - 1) // chunk, body, variables)
 
 
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 4))
 def _lookup_local(flat: FlatBuffers, table: jax.Array, layout: StackLayout,
                   num_minibatches: jax.Array, slices: Sequence[ActivationSlice]
                   ) -> list[jax.Array]:
     return lookup_buffers(flat, table, layout, num_minibatches, slices)
+
+
+@_lookup_local.defjvp
+def _lookup_local_jvp(layout: StackLayout, slices: Sequence[ActivationSlice],
+                      primals: tuple[Any, ...], tangents: tuple[Any, ...]
+                      ) -> tuple[list[jax.Array], list[jax.Array]]:
+    """The kernel's activations, and their tangent by XLA's lookup (the same sums), which
+    JAX can linearise and transpose: `jax.grad`, `jvp` and `vjp` of a lookup with respect
+    to the tables (or the gains) give the XLA wing's results. An FFI call has no
+    derivative of its own; the kernel stays the forward."""
+    from ..xla import WING as XLA
+
+    flat, table, num_minibatches = primals
+    activations = _lookup_local(flat, table, layout, num_minibatches, slices)
+
+    def xla_lookup(flat: FlatBuffers, table: jax.Array) -> list[jax.Array]:
+        return XLA.lookup_local(flat, table, layout, num_minibatches, slices)
+
+    _, tangent = jax.jvp(xla_lookup, (flat, table), tangents[:2])
+    return activations, tangent
 
 
 def _update_local(flat: FlatBuffers, grads: Sequence[jax.Array],
