@@ -59,6 +59,10 @@ def lookup(
 ) -> dict[str, jax.Array]:
     """Pooled activations: `out[sample] = Σ gain · table[row]` over the sample's entries.
 
+    JAX's transformations apply on every wing: `jax.grad`/`jvp`/`vjp` with respect to the
+    tables give their dense gradient (for training, `embed` + `lookup_grad` never form
+    it), and `jax.vmap` maps over a leading axis of the batch's buffers.
+
     Args:
       plan: the stacking plan the batch was preprocessed with.
       batch: preprocessed buffers with a leading device dimension (`[G, size]`).
