@@ -153,3 +153,71 @@ def test_converted_batch_sizes_and_reference_combiners_of_the_wrong_kind() -> No
         row_gains(np.arange(2), None, "max")
     with pytest.raises(ValueError, match=r"row_gains: \(1,\) weights for \(2,\) IDs"):
         row_gains(np.arange(2), np.ones(1), "sum")
+
+
+def _stacked_plan() -> tc.StackingPlan:
+    return stacking.stack_tables(features(), TOPOLOGY, [["t0", "t1"]])
+
+
+@pytest.mark.parametrize(("field", "value", "error", "match"), [
+    # Silent wrong answers: other activations, another update rule than plan.tables say.
+    ("combiner", "mean", ValueError, r"combiner is 'mean' but its tables \['t0', 't1'\] "
+                                     r"make it 'sum'"),
+    ("optimizer", tc.Adam(learning_rate=0.1), ValueError,
+     r"optimizer is Adam\(learning_rate=0.1.*\) but its tables \['t0', 't1'\] make it SGD"),
+    ("weights_dtype", np.dtype(np.float16), ValueError,
+     r"weights_dtype is dtype\('float16'\) but its tables .* make it dtype\('float32'\)"),
+    ("quantization", tc.QuantizationConfig(min_value=-1.0, max_value=1.0), ValueError,
+     r"quantization is QuantizationConfig\(.*\) but its tables .* make it None"),
+    # Internal errors, KeyErrors and AttributeErrors deep in the ops.
+    ("embedding_dim", 3, ValueError, r"embedding_dim is 3 but its tables .* make it 8"),
+    ("vocab_size", 2000, ValueError, r"vocab_size is 2000 but its tables .* make it 2048"),
+    ("total_sample_count", 0, ValueError, r"total_sample_count is 0 but its features' batches "
+                                          r"make it 128"),
+    ("total_sample_count", 256, ValueError, r"total_sample_count is 256 but .* make it 128"),
+    ("combiner", "max", ValueError, r"combiner is 'max' but its tables .* make it 'sum'"),
+    ("weights_dtype", "bfloat16", TypeError, r"weights_dtype must be a numpy dtype .* got str "
+                                             r"'bfloat16'"),
+    ("weights_dtype", "float32", TypeError, r"weights_dtype must be a numpy dtype"),
+    ("optimizer", "sgd", TypeError, r"optimizer must be an OptimizerSpec .* got str 'sgd'"),
+    ("vocab_size", 2048.0, TypeError, r"vocab_size must be an integer, got float 2048.0"),
+    ("table_names", ("t1", "t0"), ValueError, r"table_names is \('t1', 't0'\) but its tables' "
+                                              r"settings place them in the order \('t0', 't1'\)"),
+    ("feature_names", ("f1", "f0"), ValueError, r"feature_names is \('f1', 'f0'\) but its "
+                                                r"features' row offsets put them in the order "
+                                                r"\('f0', 'f1'\)"),
+    ("table_names", ["t0", "t1"], TypeError, r"table_names must be a tuple of names"),
+])
+def test_stack_fields_contradicting_its_tables_and_features_are_refused(
+        field: str, value: Any, error: type[Exception], match: str) -> None:
+    """dataclasses.replace(plan, stacks=...) with a StackSpec its tables do not make: a 'mean'
+    stack over 'sum' tables gave other activations, an Adam stack over SGD tables another
+    update; the rest failed inside the ops (INTERNAL, KeyError, AttributeError)."""
+    plan = _stacked_plan()
+    bad = dataclasses.replace(plan.stacks["t0_t1"], **{field: value})
+    with pytest.raises(error, match=r"Stack 't0_t1': " + match):
+        dataclasses.replace(plan, stacks={"t0_t1": bad})
+
+
+def test_a_stack_filed_under_another_name_or_a_table_unlike_its_features_is_refused() -> None:
+    plan = _stacked_plan()
+    with pytest.raises(ValueError, match=r"holds stack 'x' under the name 't0_t1'"):
+        dataclasses.replace(
+            plan, stacks={"t0_t1": dataclasses.replace(plan.stacks["t0_t1"], name="x")})
+    other = dataclasses.replace(plan.tables["t0"], combiner="mean")
+    with pytest.raises(ValueError, match=r"Feature 'f0' looks up table 't0', but the plan's "
+                                         r"tables hold another table of that name"):
+        dataclasses.replace(plan, tables={**plan.tables, "t0": other})
+
+
+def test_plans_whose_stacks_agree_with_their_tables_still_pass() -> None:
+    plan = _stacked_plan()
+    assert dataclasses.replace(plan).stacks == plan.stacks
+    assert tc.plan_stacking(features(count=4), TOPOLOGY).stacks
+    limits = dataclasses.replace(plan.stacks["t0_t1"], max_ids_per_partition=7,
+                                 max_unique_ids_per_partition=5,
+                                 suggested_coo_buffer_size_per_device=4096)
+    replaced = dataclasses.replace(plan, stacks={"t0_t1": limits})
+    assert replaced.stacks["t0_t1"].max_ids_per_partition == 7
+    assert plan.with_stack_limits("t0_t1", max_ids_per_partition=9).stacks[
+        "t0_t1"].max_ids_per_partition == 9

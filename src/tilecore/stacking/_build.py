@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from ..specs import FeatureSpec, TableSpec, Topology
 from ._checks import check_stack_limits
@@ -66,7 +67,7 @@ def place_tables(
     return settings
 
 
-def _check_stackable(name: str, tables: Sequence[TableSpec], fail_on_excess_padding: bool
+def check_stackable(name: str, tables: Sequence[TableSpec], fail_on_excess_padding: bool
                      ) -> None:
     """Raise unless `tables` can share one stack: one optimizer, combiner, quantization and
     storage format (and, with `fail_on_excess_padding`, one padded width)."""
@@ -95,6 +96,23 @@ def _check_stackable(name: str, tables: Sequence[TableSpec], fail_on_excess_padd
             f"{ {t.name: padded_dim(t) for t in tables} }; stacking them pads every row to "
             f"{max(dims)}. Group tables of equal padded width, or pass fail_on_excess_padding=False."
         )
+
+
+def derived_fields(tables: Sequence[TableSpec], features: Sequence[FeatureSpec] | None,
+                   topology: Topology) -> dict[str, Any]:
+    """The `StackSpec` fields a stack of `tables` (stackable, in this order) with
+    `features` derives from them: everything but its name, members and limits
+    (`total_sample_count` left out when `features` is None)."""
+    first = tables[0]
+    fields: dict[str, Any] = {
+        "vocab_size": sum(padded_vocab(t, topology) for t in tables),
+        "embedding_dim": max(padded_dim(t) for t in tables),
+        "optimizer": first.optimizer, "combiner": first.combiner,
+        "quantization": first.quantization, "weights_dtype": first.weights_dtype,
+    }
+    if features is not None:
+        fields["total_sample_count"] = sum(f.batch_size for f in features)
+    return fields
 
 
 def _stack_limits(name: str, tables: Sequence[TableSpec], topology: Topology, samples: int,
@@ -134,8 +152,7 @@ def build_stack(
     `feature_order`. A single table keeps its own limits; several tables take
     `stack_limits(name, samples)` or, by default, the sums of their limits.
     """
-    first = tables[0]
-    _check_stackable(name, tables, fail_on_excess_padding)
+    check_stackable(name, tables, fail_on_excess_padding)
     n = topology.num_partitions
     rotation = topology.sc_per_device if rotation is None else rotation
     stack_dim = max(padded_dim(t) for t in tables)
@@ -143,7 +160,6 @@ def build_stack(
     table_settings = place_tables(
         name, {t.name: padded_vocab(t, topology) for t in tables}, stack_dim, n, rotation
     )
-    offset = sum(s.padded_vocab_size for s in table_settings.values()) // n
 
     by_name = {f.name: (table.name, f) for table in tables for f in features_by_table[table.name]}
     feature_settings: dict[str, FeatureSetting] = {}
@@ -161,11 +177,9 @@ def build_stack(
     max_ids, max_unique, suggested = _stack_limits(name, tables, topology, row_offset,
                                                    stack_limits)
     stack = StackSpec(
-        name=name, vocab_size=offset * n, embedding_dim=stack_dim, optimizer=first.optimizer,
-        combiner=first.combiner, quantization=first.quantization, total_sample_count=row_offset,
+        name=name, **derived_fields(tables, [by_name[f][1] for f in ordered], topology),
         max_ids_per_partition=max_ids, max_unique_ids_per_partition=max_unique,
         suggested_coo_buffer_size_per_device=suggested,
         table_names=tuple(t.name for t in tables), feature_names=tuple(ordered),
-        weights_dtype=first.weights_dtype,
     )
     return stack, table_settings, feature_settings

@@ -12,7 +12,13 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Mapping
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..specs import OptimizerSpec, QuantizationConfig
+from ..specs._weights_dtype import WEIGHTS_DTYPES
 
 if TYPE_CHECKING:
     from ._plan import StackingPlan, StackSpec
@@ -76,11 +82,113 @@ def _check_membership(plan: StackingPlan) -> None:
                 f"{'in no stack' if table is None else f'in stack {table.stack_name!r}'}.")
 
 
+_REBUILD = ("A stack's fields are derived from its tables and features: build plans with "
+            "tilecore.plan_stacking / stack_tables, and change a stack's limits with "
+            "plan.with_stack_limits.")
+
+
+_FIELD_TYPES: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "optimizer": (OptimizerSpec, "an OptimizerSpec (e.g. tilecore.SGD(...))"),
+    "combiner": (str, "a str"),
+    "quantization": ((QuantizationConfig, type(None)), "a QuantizationConfig or None"),
+    "weights_dtype": (np.dtype, "a numpy dtype (one of "
+                                f"{', '.join(d.name for d in WEIGHTS_DTYPES)})"),
+}
+
+
+def _check_field_types(stack: Any, stack_type: type) -> None:
+    """A `StackSpec` (built by hand or by `dataclasses.replace`) holds fields of its types."""
+    if not isinstance(stack, stack_type):
+        raise TypeError(f"A plan's stacks must be StackSpecs, got {type(stack).__name__}.")
+    name = stack.name
+    if not isinstance(name, str):
+        raise TypeError(f"StackSpec name must be a str, got {name!r}.")
+    for field in ("vocab_size", "embedding_dim", "total_sample_count"):
+        value = getattr(stack, field)
+        if type(value) is not int and (isinstance(value, bool)
+                                       or not isinstance(value, numbers.Integral)):
+            raise TypeError(f"Stack {name!r}: {field} must be an integer, got "
+                            f"{type(value).__name__} {value!r}. {_REBUILD}")
+    for field in ("table_names", "feature_names"):
+        value = getattr(stack, field)
+        if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
+            raise TypeError(f"Stack {name!r}: {field} must be a tuple of names, got {value!r}.")
+        if len(set(value)) != len(value):
+            raise ValueError(f"Stack {name!r}: {field} lists a name twice: {value!r}.")
+    if not stack.table_names:
+        raise ValueError(f"Stack {name!r} has no tables (table_names=()). {_REBUILD}")
+    for field, (kind, what) in _FIELD_TYPES.items():
+        value = getattr(stack, field)
+        if not isinstance(value, kind):
+            raise TypeError(f"Stack {name!r}: {field} must be {what}, got "
+                            f"{type(value).__name__} {value!r}. {_REBUILD}")
+
+
+def _check_derived(plan: StackingPlan, stack: StackSpec, build: ModuleType) -> None:
+    """Every field of `stack` is what `plan_stacking` derives from its tables and features
+    (`build`: the `_build` module, which imports this one)."""
+    name = stack.name
+    missing = [t for t in stack.table_names if t not in plan.tables]
+    if missing:
+        raise ValueError(f"Stack {name!r} lists tables {missing} that are not in the plan's "
+                         f"tables {sorted(plan.tables)}. {_REBUILD}")
+    tables = [plan.tables[t] for t in stack.table_names]
+    build.check_stackable(name, tables, False)
+    order = sorted(stack.table_names, key=lambda t: plan.table_settings[t].row_offset_in_shard)
+    if tuple(order) != stack.table_names:
+        raise ValueError(f"Stack {name!r}: table_names is {stack.table_names} but its tables' "
+                         f"settings place them in the order {tuple(order)}. {_REBUILD}")
+    features = None
+    if plan.features:  # a checkpoint's layout plan has tables and stacks, no features
+        for feature in stack.feature_names:
+            spec = plan.features.get(feature)
+            if spec is None or spec.table.name not in stack.table_names:
+                which = ("the plan does not have" if spec is None
+                         else f"looks up table {spec.table.name!r}")
+                raise ValueError(f"Stack {name!r} lists feature {feature!r}, which {which}; its "
+                                 f"tables are {list(stack.table_names)}. {_REBUILD}")
+        order = sorted(stack.feature_names, key=lambda f: plan.feature_settings[f].row_offset)
+        if tuple(order) != stack.feature_names:
+            raise ValueError(
+                f"Stack {name!r}: feature_names is {stack.feature_names} but its features' "
+                f"row offsets put them in the order {tuple(order)}. {_REBUILD}")
+        features = [plan.features[f] for f in stack.feature_names]
+    implied = build.derived_fields(tables, features, plan.topology)
+    for field, want in implied.items():
+        found = getattr(stack, field)
+        if found != want:
+            source = ("its features' batches" if field == "total_sample_count"
+                      else f"its tables {list(stack.table_names)}")
+            raise ValueError(f"Stack {name!r}: {field} is {found!r} but {source} make it "
+                             f"{want!r}. {_REBUILD}")
+
+
+def _check_tables_of_features(plan: StackingPlan) -> None:
+    """`plan.tables` holds the very tables its features look up."""
+    for name, feature in plan.features.items():
+        table = plan.tables.get(feature.table.name)
+        if table is not feature.table and table != feature.table:
+            raise ValueError(
+                f"Feature {name!r} looks up table {feature.table.name!r}, but the plan's tables "
+                f"hold {'no such table' if table is None else 'another table of that name'}. "
+                f"{_REBUILD}")
+
+
 def check_plan(plan: StackingPlan) -> None:
     """Refuse a plan that contradicts itself or needs integers past int32."""
+    from . import _build
+    from ._plan import StackSpec
+
+    for key, stack in plan.stacks.items():
+        _check_field_types(stack, StackSpec)
+        if stack.name != key:
+            raise ValueError(f"The plan holds stack {stack.name!r} under the name {key!r}. "
+                             f"{_REBUILD}")
     _check_membership(plan)
+    _check_tables_of_features(plan)
     for stack in plan.stacks.values():
         _check_stack(stack, plan.num_partitions)
+        _check_derived(plan, stack, _build)
 
 
 def check_stack_limits(name: str, samples: int, limits: Any) -> tuple[int, int]:
