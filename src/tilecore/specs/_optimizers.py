@@ -321,6 +321,9 @@ class CustomOptimizer(OptimizerSpec):
 
     `update_fn(grad, row, *slots, *hyperparameters) -> (row', *slots')`, every array
     of shape `(rows, dim)` float32; `hyperparameters` defaults to `(learning_rate,)`.
+    Each row's result must depend on that row alone (reduce with `axis=1` only): the
+    rule runs on blocks of the rows a batch touches, and the ops refuse a rule whose
+    rows depend on each other.
     """
 
     update_fn: Callable[..., tuple[object, ...]]
