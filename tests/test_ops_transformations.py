@@ -51,12 +51,14 @@ def test_grad_and_jvp_of_lookup_wrt_tables(case, kernels: str) -> None:
 
     want = np.zeros_like(values)
     np.add.at(want, ids.ravel(), np.repeat(2 * _pooled(ids, values), IDS, axis=0))
-    for grad in (jax.grad(loss), jax.jit(jax.grad(loss)), jax.grad(jax.checkpoint(loss))):
+    # Under jit, as a training step runs (eagerly, each op of XLA's tangent would be
+    # compiled on its own: seconds for nothing the test needs).
+    for grad in (jax.jit(jax.grad(loss)), jax.jit(jax.grad(jax.checkpoint(loss)))):
         got = ops.unshard(plan, grad(tables))["a"]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     direction = np.random.default_rng(1).standard_normal(values.shape).astype(np.float32)
-    primal, tangent = jax.jvp(lambda t: ops.lookup(plan, batch, t)["f"], (tables,),
-                              (_tables(plan, direction),))
+    primal, tangent = jax.jit(lambda t, d: jax.jvp(lambda t: ops.lookup(plan, batch, t)["f"],
+                                                   (t,), (d,)))(tables, _tables(plan, direction))
     np.testing.assert_allclose(primal, _pooled(ids, values), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(tangent, _pooled(ids, direction), rtol=1e-5, atol=1e-5)
 
@@ -66,12 +68,13 @@ def test_vmap_of_lookup_and_lookup_grad(case, kernels: str) -> None:
     tables = _tables(plan, values)
     other = tc.preprocess(plan, {"f": (ids + 3) % VOCAB})[0]
     both = jax.tree.map(lambda *x: jnp.stack(x), batch, other)
-    out = jax.vmap(lambda b: ops.lookup(plan, b, tables)["f"])(both)
+    out = jax.jit(jax.vmap(lambda b: ops.lookup(plan, b, tables)["f"]))(both)
     np.testing.assert_allclose(out[0], _pooled(ids, values), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(out[1], _pooled((ids + 3) % VOCAB, values), rtol=1e-5, atol=1e-5)
     variables = {"a": ops.EmbeddingVariables(tables["a"])}
     grads = {"f": jnp.ones((BATCH, DIM), jnp.float32)}
-    mapped = jax.vmap(lambda b: ops.lookup_grad(plan, b, variables, grads)["a"].table)(both)
+    mapped = jax.jit(jax.vmap(lambda b: ops.lookup_grad(plan, b, variables, grads)["a"].table)
+                     )(both)
     for k, b in enumerate((batch, other)):
         np.testing.assert_array_equal(mapped[k], ops.lookup_grad(plan, b, variables, grads)["a"].table)
 
