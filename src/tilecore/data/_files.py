@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..preprocessing import Ragged
-from ..preprocessing._inputs import check_splits
+from ..preprocessing._inputs import check_splits, native_order
 
 _PARTS = ("values", "row_splits", "weights")
 CLICK_ARRAYS = ("dense", "labels")
@@ -86,8 +86,7 @@ def _parquet_columns(pa: Any, path: Path, name: str, ragged: Ragged) -> dict[str
 
 def _native(values: Any, dtype: Any = None) -> np.ndarray:
     """`values` as a numpy array (of `dtype`, if given) in this machine's byte order."""
-    array = np.asarray(values, dtype)
-    return array if array.dtype.isnative else array.astype(array.dtype.newbyteorder("="))
+    return native_order(np.asarray(values, dtype))
 
 
 def load_batch(path: str | os.PathLike[str]) -> dict[str, Ragged]:

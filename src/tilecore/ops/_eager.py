@@ -17,6 +17,8 @@ import jax
 import numpy as np
 from jax.core import Tracer
 
+from ..preprocessing._inputs import native_order
+
 T = TypeVar("T")
 TreeT = TypeVar("TreeT")
 
@@ -31,11 +33,7 @@ def device_arrays(tree: TreeT) -> TreeT:
     under `jax.disable_jit()` XLA's kernels update a table with `.at[]`, which a numpy
     table lacks (the CPU kernels took it)."""
     def on_device(leaf: Any) -> Any:
-        if not isinstance(leaf, np.ndarray):
-            return leaf
-        if not leaf.dtype.isnative:
-            leaf = leaf.astype(leaf.dtype.newbyteorder("="))
-        return jax.numpy.asarray(leaf)
+        return jax.numpy.asarray(native_order(leaf)) if isinstance(leaf, np.ndarray) else leaf
 
     return jax.tree.map(on_device, tree)
 

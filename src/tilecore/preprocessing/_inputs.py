@@ -38,6 +38,13 @@ class Csr:
         return len(self.splits) - 1
 
 
+def native_order(array: np.ndarray) -> np.ndarray:
+    """`array` in this machine's byte order: itself if it is, else a copy (`'>i4'` on a
+    little-endian host). Kernels that read raw buffers, jit's dispatch and pyarrow all
+    take the bytes as native ones; the values are the same either way."""
+    return array if array.dtype.isnative else array.astype(array.dtype.newbyteorder("="))
+
+
 def _is_scipy_sparse(value: object) -> bool:
     return hasattr(value, "tocsr") and hasattr(value, "nnz")
 
@@ -62,8 +69,7 @@ def _ids(feature: str, values: Any, where: str) -> np.ndarray:
             f"Feature {feature!r}: IDs must be integers (int32 or int64), got dtype "
             f"{values.dtype} in {where}. Cast them, e.g. ids.astype(np.int32)."
         )
-    if not values.dtype.isnative:
-        values = values.astype(values.dtype.newbyteorder("="))
+    values = native_order(values)
     if values.dtype.type not in _ID_DTYPES:
         if values.dtype == np.uint64 and values.size and values.max() > np.iinfo(np.int64).max:
             raise ValueError(f"Feature {feature!r}: ID {values.max()} is out of range.")
