@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Mapping
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -96,9 +95,11 @@ _FIELD_TYPES: dict[str, tuple[type | tuple[type, ...], str]] = {
 }
 
 
-def _check_field_types(stack: Any, stack_type: type) -> None:
+def _check_field_types(stack: Any) -> None:
     """A `StackSpec` (built by hand or by `dataclasses.replace`) holds fields of its types."""
-    if not isinstance(stack, stack_type):
+    from ._plan import StackSpec  # which imports this module
+
+    if not isinstance(stack, StackSpec):
         raise TypeError(f"A plan's stacks must be StackSpecs, got {type(stack).__name__}.")
     name = stack.name
     if not isinstance(name, str):
@@ -124,16 +125,18 @@ def _check_field_types(stack: Any, stack_type: type) -> None:
                             f"{type(value).__name__} {value!r}. {_REBUILD}")
 
 
-def _check_derived(plan: StackingPlan, stack: StackSpec, build: ModuleType) -> None:
+def _check_derived(plan: StackingPlan, stack: StackSpec) -> None:
     """Every field of `stack` is what `plan_stacking` derives from its tables and features
-    (`build`: the `_build` module, which imports this one)."""
+    (`_build.derived_fields`, the derivation `build_stack` uses)."""
+    from ._build import check_stackable, derived_fields  # which imports this module
+
     name = stack.name
     missing = [t for t in stack.table_names if t not in plan.tables]
     if missing:
         raise ValueError(f"Stack {name!r} lists tables {missing} that are not in the plan's "
                          f"tables {sorted(plan.tables)}. {_REBUILD}")
     tables = [plan.tables[t] for t in stack.table_names]
-    build.check_stackable(name, tables, False)
+    check_stackable(name, tables, False)
     order = sorted(stack.table_names, key=lambda t: plan.table_settings[t].row_offset_in_shard)
     if tuple(order) != stack.table_names:
         raise ValueError(f"Stack {name!r}: table_names is {stack.table_names} but its tables' "
@@ -153,7 +156,7 @@ def _check_derived(plan: StackingPlan, stack: StackSpec, build: ModuleType) -> N
                 f"Stack {name!r}: feature_names is {stack.feature_names} but its features' "
                 f"row offsets put them in the order {tuple(order)}. {_REBUILD}")
         features = [plan.features[f] for f in stack.feature_names]
-    implied = build.derived_fields(tables, features, plan.topology)
+    implied = derived_fields(tables, features, plan.topology)
     for field, want in implied.items():
         found = getattr(stack, field)
         if found != want:
@@ -176,11 +179,8 @@ def _check_tables_of_features(plan: StackingPlan) -> None:
 
 def check_plan(plan: StackingPlan) -> None:
     """Refuse a plan that contradicts itself or needs integers past int32."""
-    from . import _build
-    from ._plan import StackSpec
-
     for key, stack in plan.stacks.items():
-        _check_field_types(stack, StackSpec)
+        _check_field_types(stack)
         if stack.name != key:
             raise ValueError(f"The plan holds stack {stack.name!r} under the name {key!r}. "
                              f"{_REBUILD}")
@@ -188,7 +188,7 @@ def check_plan(plan: StackingPlan) -> None:
     _check_tables_of_features(plan)
     for stack in plan.stacks.values():
         _check_stack(stack, plan.num_partitions)
-        _check_derived(plan, stack, _build)
+        _check_derived(plan, stack)
 
 
 def check_stack_limits(name: str, samples: int, limits: Any) -> tuple[int, int]:
